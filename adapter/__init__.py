@@ -1,0 +1,1 @@
+"""The reTHINK side of the Message Node: stub endpoint, MN services, routing, operations."""

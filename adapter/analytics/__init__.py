@@ -1,0 +1,19 @@
+"""Traffic analytics of the Message Node: room-event export in, aggregates and a dashboard out.
+
+    export (docs/export-schema.md) --job.py (PySpark)--> Parquet aggregates + summary.json
+                                   --dashboard.py (pyarrow)--> one offline HTML file
+
+Modules, one job each:
+
+* `schema`       the export's two datasets as Spark and Arrow schemas (one column list)
+* `inventory`    lists and checks the export's files on the driver (what is read, what skipped)
+* `aggregates`   the aggregates as DataFrame transformations; their definitions are in its doc
+* `names`        names of the outputs (no Spark import: the dashboard uses it)
+* `output`       writes the small aggregates and summary.json
+* `job`          `build_spark`, `run_analysis` and the command line / spark-submit entry
+* `svg_charts`   inline-SVG charts; `dashboard` builds the HTML page from the aggregates
+* `synthetic`    synthetic exports with known answers (`synthetic_world`, `synthetic_traffic`,
+                 `known_answers` are its parts)
+
+Nothing is imported here, so the dashboard can be used without loading Spark.
+"""

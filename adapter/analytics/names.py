@@ -1,0 +1,36 @@
+"""Names of the job's outputs: one Parquet directory per aggregate, plus summary.json.
+
+Kept apart from the Spark code so the dashboard needs only pyarrow to find them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+MESSAGES_PER_MINUTE: Final = "messages_per_minute"
+DOMAIN_TRAFFIC: Final = "domain_traffic"
+TOP_TALKERS: Final = "top_talkers"
+RESPONSE_CODES: Final = "response_codes"
+ERROR_RATE_PER_MINUTE: Final = "error_rate_per_minute"
+LATENCY_OVERALL: Final = "latency_overall"
+LATENCY_BY_TYPE: Final = "latency_by_type"
+FANOUT_DISTRIBUTION: Final = "fanout_distribution"
+FANOUT_BY_ADDRESS: Final = "fanout_by_address"
+CHURN_PER_MINUTE: Final = "churn_per_minute"
+BATCHING: Final = "batching"
+
+AGGREGATE_NAMES: Final = (
+    MESSAGES_PER_MINUTE,
+    DOMAIN_TRAFFIC,
+    TOP_TALKERS,
+    RESPONSE_CODES,
+    ERROR_RATE_PER_MINUTE,
+    LATENCY_OVERALL,
+    LATENCY_BY_TYPE,
+    FANOUT_DISTRIBUTION,
+    FANOUT_BY_ADDRESS,
+    CHURN_PER_MINUTE,
+    BATCHING,
+)
+
+SUMMARY_FILE: Final = "summary.json"

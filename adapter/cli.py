@@ -1,0 +1,279 @@
+"""`rethink-mn`: the command line of the Message Node.
+
+Exit codes: 0 success, 1 failure at run time, 2 bad usage, 3 bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import uvloop
+from rich.console import Console
+
+from .config import ConfigError, NodeConfig, load_config
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 3
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _say(message: str) -> None:
+    err.print(f"[bold cyan]rethink-mn[/]: {message}")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rethink-mn", description="reTHINK Message Node on a Matrix homeserver"
+    )
+    parser.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=Path("config.yaml"),
+        help="configuration file (default: ./config.yaml)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    gen = sub.add_parser(
+        "generate-registration",
+        help="write a Synapse appservice registration with fresh tokens; create or update the "
+        "config to match",
+    )
+    gen.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("registration.yaml"),
+        help="registration file to write (default: ./registration.yaml)",
+    )
+    gen.add_argument(
+        "--url", help="URL the homeserver uses to reach the node (appservice.public_url)"
+    )
+    gen.add_argument("--homeserver-url", help="homeserver client-server API URL (homeserver.url)")
+    gen.add_argument("--server-name", help="homeserver server name (homeserver.server_name)")
+    gen.add_argument("--domain", help="reTHINK domain served by the node (domain)")
+
+    db = sub.add_parser("db", help="database migrations")
+    db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    up_cmd = db_sub.add_parser("upgrade", help="apply migrations (default: to the newest)")
+    up_cmd.add_argument("revision", nargs="?", default="head")
+    db_sub.add_parser("current", help="show the database's migration revision")
+
+    sub.add_parser("run", help="run the node against the configured homeserver")
+
+    export = sub.add_parser(
+        "export", help="write the rooms' events as a Parquet dataset (incremental)"
+    )
+    export.add_argument("--out", type=Path, required=True, help="dataset directory")
+    export.add_argument("--page-size", type=int, default=500, help="events per request (500)")
+    export.add_argument("--quiet", action="store_true", help="no progress display")
+
+    analyze = sub.add_parser(
+        "analyze", help="run the Spark job over an export: Parquet aggregates and summary.json"
+    )
+    analyze.add_argument("--input", required=True, help="export directory (from `export`)")
+    analyze.add_argument("--output", required=True, help="directory for the aggregates")
+    analyze.add_argument("--master", help="Spark master (default local[*])")
+    analyze.add_argument("--shuffle-partitions", type=int, help="Spark shuffle partitions")
+    analyze.add_argument("--top-n", type=int, help="top talkers kept per kind (20)")
+
+    dashboard = sub.add_parser("dashboard", help="draw the ops dashboard (one HTML file)")
+    dashboard.add_argument("--input", required=True, type=Path, help="aggregates directory")
+    dashboard.add_argument("--out", required=True, type=Path, help="HTML file to write")
+
+    up = sub.add_parser(
+        "up", help="run everything locally: install and start Synapse, migrate, run the node"
+    )
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("var"),
+        help="where the local homeserver, registration and database live (./var)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        # uvloop: several times cheaper wake-ups between the loop and the database thread.
+        return uvloop.run(_dispatch(args))
+    except ConfigError as exc:
+        err.print(f"[bold red]configuration error[/]: {exc}")
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
+    from .localstack.synapse import LocalStackError
+
+    try:
+        if args.command == "generate-registration":
+            return _generate_registration(args)
+        if args.command == "db":
+            return await _db(args, load_config(args.config))
+        if args.command == "run":
+            return await _run(load_config(args.config))
+        if args.command == "analyze":
+            return await _analyze(args)
+        if args.command == "dashboard":
+            from .analytics import dashboard
+
+            return await asyncio.to_thread(
+                dashboard.main, ["--aggregates", str(args.input), "--out", str(args.out)]
+            )
+        if args.command == "export":
+            return await _export(args, load_config(args.config))
+        if args.command == "up":
+            from .localstack.up import up
+
+            _configure_logging_for_up(args)
+            return await up(args.config, args.state_dir, _say)
+    except LocalStackError as exc:
+        err.print(f"[bold red]error[/]: {exc}")
+        return EXIT_FAILURE
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _configure_logging_for_up(args: argparse.Namespace) -> None:
+    from .observability import configure_logging
+
+    if args.config.exists():
+        configure_logging(load_config(args.config).logging)
+    else:
+        from .config import LoggingConfig
+
+        configure_logging(LoggingConfig())
+
+
+def _generate_registration(args: argparse.Namespace) -> int:
+    from .configfile import generate_registration
+
+    overrides = {
+        key: value
+        for key, value in (
+            ("appservice.public_url", args.url),
+            ("homeserver.url", args.homeserver_url),
+            ("homeserver.server_name", args.server_name),
+            ("domain", args.domain),
+        )
+        if value is not None
+    }
+    config, warnings = generate_registration(args.config, args.output, overrides)
+    _say(
+        f"wrote {args.output} (appservice id {config.appservice.id!r}, "
+        f"url {config.appservice.url}) and updated {args.config}"
+    )
+    for warning in warnings:
+        err.print(f"[yellow]warning[/]: {warning}")
+    _say("add the registration to the homeserver's app_service_config_files and restart it")
+    return EXIT_OK
+
+
+async def _db(args: argparse.Namespace, config: NodeConfig) -> int:
+    from .storage import migrate
+
+    url = config.database.url
+    if args.db_command == "upgrade":
+        await migrate.upgrade(url, args.revision)
+        _say(f"database at revision {await migrate.current_revision(url)}")
+        return EXIT_OK
+    current = await migrate.current_revision(url)
+    head = migrate.head_revision()
+    state = "up to date" if current == head else f"behind (newest is {head})"
+    print(current or "none")
+    _say(f"revision {current or 'none'}: {state}")
+    return EXIT_OK
+
+
+async def _analyze(args: argparse.Namespace) -> int:
+    # Imported here: only this command needs Spark (and a JVM).
+    from .analytics import job
+
+    argv = ["--input", args.input, "--output", args.output]
+    for flag, value in (
+        ("--master", args.master),
+        ("--shuffle-partitions", args.shuffle_partitions),
+        ("--top-n", args.top_n),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    # Spark drives its JVM with blocking calls: off the event loop.
+    return int(await asyncio.to_thread(job.main, argv))
+
+
+async def _export(args: argparse.Namespace, config: NodeConfig) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from appservice.api import HomeserverUnreachable, MatrixError
+
+    from .export.runner import export
+
+    if not 1 <= args.page_size <= 1000:
+        err.print("[bold red]error[/]: --page-size must be between 1 and 1000")
+        return EXIT_USAGE
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=args.quiet,
+    ) as bar:
+        task = bar.add_task("reading rooms", total=None)
+
+        def show(room: str, events: int) -> None:
+            bar.update(task, description=f"{room}: {events} events")
+
+        try:
+            summary = await export(config, args.out, page_size=args.page_size, progress=show)
+        except (HomeserverUnreachable, MatrixError) as exc:
+            err.print(f"[bold red]error[/]: the homeserver refused or is unreachable: {exc}")
+            return EXIT_FAILURE
+    result = summary.as_dict()
+    _say(
+        f"exported {result['events']} events from {result['rooms']} rooms: "
+        f"{result['message_rows']} message rows, {result['receipt_rows']} receipt rows "
+        f"into {args.out}"
+    )
+    if result["undecodable_total"]:
+        err.print(
+            f"[yellow]warning[/]: {result['undecodable_total']} events could not be "
+            f"decoded and were skipped: {result['undecodable']}"
+        )
+    return EXIT_OK
+
+
+async def _run(config: NodeConfig) -> int:
+    from .node import Node
+    from .observability import configure_logging
+    from .storage import migrate
+
+    configure_logging(config.logging)
+    current = await migrate.current_revision(config.database.url)
+    if current != migrate.head_revision():
+        err.print(
+            f"[bold red]error[/]: database at revision {current or 'none'}, the node needs "
+            f"{migrate.head_revision()}: run `rethink-mn db upgrade` first"
+        )
+        return EXIT_FAILURE
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    node = Node(config)
+    await node.start()
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""`rethink-mn export`: the rooms of the node as a Parquet dataset for the analytics."""

@@ -1,0 +1,317 @@
+"""A local Synapse for `rethink-mn up` and the test suite: installed from PyPI into its own
+virtual environment, configured for loopback only, supervised as a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from ruamel.yaml import YAML
+
+SYNAPSE_VERSION = "1.163.2"
+# The whole dependency tree of that Synapse, pinned, so every install is the same.
+CONSTRAINTS_FILE = Path(__file__).with_name("synapse-constraints.txt")
+
+
+class LocalStackError(Exception):
+    """The local homeserver could not be installed, configured or started."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rethink-mn"
+
+
+def synapse_venv_path(cache_dir: Path | None = None) -> Path:
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return (cache_dir or default_cache_dir()) / f"synapse-{SYNAPSE_VERSION}-{py}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_synapse_installed(
+    venv: Path | None = None, log: Callable[[str], None] = lambda _msg: None
+) -> Path:
+    """Install the pinned Synapse into ``venv`` unless already there; returns its python.
+
+    Safe to call from several processes at once (a file lock serialises them). The marker file
+    is written last, so an install interrupted half-way is thrown away and redone.
+    """
+    venv = venv or synapse_venv_path()
+    python = venv / "bin" / "python"
+    marker = venv / ".rethink-mn-installed"
+    if marker.exists():
+        return python
+    with _file_lock(venv.with_name(venv.name + ".lock")):
+        if marker.exists():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        log(f"installing Synapse {SYNAPSE_VERSION} from PyPI into {venv} (once; about a minute)")
+        _run([sys.executable, "-m", "venv", str(venv)], "create the Synapse virtualenv")
+        constraints = ["-c", str(CONSTRAINTS_FILE)] if CONSTRAINTS_FILE.exists() else []
+        _run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                f"matrix-synapse=={SYNAPSE_VERSION}",
+                *constraints,
+            ],
+            "pip install Synapse",
+        )
+        marker.write_text(SYNAPSE_VERSION + "\n")
+    return python
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise LocalStackError(f"could not {what} (exit {proc.returncode}):\n{tail}")
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class SynapseSettings:
+    data_dir: Path
+    server_name: str
+    port: int
+    registration_file: Path
+    host: str = "127.0.0.1"
+    max_upload_size: str = "200M"
+    # Further appservices on the same homeserver (the benchmark registers a baseline one).
+    extra_registrations: tuple[Path, ...] = ()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def config_file(self) -> Path:
+        return self.data_dir / "homeserver.yaml"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "homeserver.log"
+
+
+def write_homeserver_config(settings: SynapseSettings) -> Path:
+    """A homeserver for one machine: loopback client listener only (no federation listener),
+    SQLite, no stats reporting, no key servers to contact, our appservice registered.
+
+    Secrets generated on the first write are kept on later writes, so sessions and the signing
+    key stay valid across restarts of the local stack."""
+    data = settings.data_dir.resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "media_store").mkdir(exist_ok=True)
+    yaml = YAML()
+    previous: dict[str, Any] = {}
+    if settings.config_file.exists():
+        previous = dict(YAML(typ="safe", pure=True).load(settings.config_file.read_text()) or {})
+
+    def secret(name: str) -> str:
+        return str(previous.get(name) or secrets.token_urlsafe(32))
+
+    log_config = data / "log.config"
+    yaml.dump(
+        {
+            "version": 1,
+            "formatters": {"precise": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+            "handlers": {
+                "file": {
+                    "class": "logging.FileHandler",
+                    "formatter": "precise",
+                    "filename": str(settings.log_file.resolve()),
+                }
+            },
+            "root": {"level": "WARNING", "handlers": ["file"]},
+            "loggers": {
+                "synapse.app": {"level": "INFO"},
+                "synapse.storage.SQL": {"level": "WARNING"},
+            },
+            "disable_existing_loggers": False,
+        },
+        log_config,
+    )
+    config = {
+        "server_name": settings.server_name,
+        "public_baseurl": settings.url + "/",
+        "pid_file": str(data / "homeserver.pid"),
+        "listeners": [
+            {
+                "port": settings.port,
+                "bind_addresses": [settings.host],
+                "type": "http",
+                "tls": False,
+                "x_forwarded": False,
+                "resources": [{"names": ["client"], "compress": False}],
+            }
+        ],
+        "database": {"name": "sqlite3", "args": {"database": str(data / "homeserver.db")}},
+        "log_config": str(log_config),
+        "media_store_path": str(data / "media_store"),
+        "max_upload_size": settings.max_upload_size,
+        "signing_key_path": str(data / "signing.key"),
+        "report_stats": False,
+        "trusted_key_servers": [],
+        "suppress_key_server_warning": True,
+        "enable_registration": False,
+        "url_preview_enabled": False,
+        "presence": {"enabled": False},
+        "federation_domain_whitelist": [],
+        "macaroon_secret_key": secret("macaroon_secret_key"),
+        "form_secret": secret("form_secret"),
+        "registration_shared_secret": secret("registration_shared_secret"),
+        "app_service_config_files": [
+            str(p.resolve()) for p in (settings.registration_file, *settings.extra_registrations)
+        ],
+    }
+    with settings.config_file.open("w") as handle:
+        yaml.dump(config, handle)
+    return settings.config_file
+
+
+def _die_with_parent() -> None:
+    # Linux: the child gets SIGTERM if we die, even by SIGKILL, so no Synapse is left orphaned.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class SynapseProcess:
+    """A running Synapse child process."""
+
+    def __init__(self, python: Path, settings: SynapseSettings) -> None:
+        self.python = python
+        self.settings = settings
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def generate_keys(self) -> None:
+        _run(
+            [
+                str(self.python),
+                "-m",
+                "synapse.app.homeserver",
+                "-c",
+                str(self.settings.config_file),
+                "--generate-keys",
+            ],
+            "generate the homeserver's signing key",
+        )
+
+    def start(self) -> None:
+        if not port_is_free(self.settings.host, self.settings.port):
+            raise LocalStackError(
+                f"port {self.settings.host}:{self.settings.port} is already in use: stop what "
+                "holds it or choose another homeserver port"
+            )
+        log = self.settings.log_file.open("ab")
+        self._proc = subprocess.Popen(
+            [
+                str(self.python),
+                "-m",
+                "synapse.app.homeserver",
+                "-c",
+                str(self.settings.config_file),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            # Own session: a Ctrl-C in the terminal reaches only us, and we stop Synapse in order.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    async def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        url = self.settings.url + "/_matrix/client/versions"
+        async with aiohttp.ClientSession() as session:
+            while True:
+                code = self.exit_code()
+                if code is not None:
+                    raise LocalStackError(
+                        f"Synapse exited with code {code} while starting; last log lines:\n"
+                        + self.log_tail()
+                    )
+                try:
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise LocalStackError(
+                        f"Synapse did not answer on {url} within {timeout:.0f}s; last log lines:\n"
+                        + self.log_tail()
+                    )
+                await asyncio.sleep(0.2)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.settings.log_file.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    async def stop_async(self, timeout: float = 15.0) -> None:
+        await asyncio.to_thread(self.stop, timeout)

@@ -1,0 +1,151 @@
+"""Structured logging, Prometheus metrics and the `/health` and `/metrics` endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from .config import LoggingConfig
+
+
+def configure_logging(config: LoggingConfig) -> None:
+    """Route stdlib and structlog records through one renderer (JSON lines or console)."""
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if config.format == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.level)
+    # aiohttp logs every request at INFO; the node's own records say what matters.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+class NodeMetrics:
+    """The reTHINK side's metrics; the Matrix side registers its own on the same registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.stub_connections = Gauge(
+            "rethink_mn_stub_connections", "Open stub WebSocket connections.", registry=registry
+        )
+        self.messages_in = Counter(
+            "rethink_mn_messages_received_total",
+            "reTHINK messages received from stubs, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.messages_out = Counter(
+            "rethink_mn_messages_delivered_total",
+            "reTHINK messages delivered to stubs, by path (live or queued for a detached runtime).",
+            ["path"],
+            registry=registry,
+        )
+        self.matrix_events_out = Counter(
+            "rethink_mn_matrix_events_sent_total",
+            "Room events the node sent to carry reTHINK messages, by carrier.",
+            ["carrier"],
+            registry=registry,
+        )
+        self.matrix_events_in = Counter(
+            "rethink_mn_matrix_events_received_total",
+            "Room events received from the homeserver, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.route_seconds = Histogram(
+            "rethink_mn_route_seconds",
+            "From a message's arrival at the node to its delivery to the destination stub.",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.health_check_seconds = Gauge(
+            "rethink_mn_health_check_seconds",
+            "Duration of the last health probe, by component.",
+            ["component"],
+            registry=registry,
+        )
+
+
+HealthProbe = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class HealthEndpoints:
+    """`GET /health` runs every probe concurrently and reports each one's details; 200 only when
+    all are healthy, 503 otherwise (what load balancers and orchestrators expect)."""
+
+    def __init__(self, probes: dict[str, HealthProbe], metrics: NodeMetrics, timeout: float = 5.0):
+        self._probes = probes
+        self._metrics = metrics
+        self._timeout = timeout
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/health", self.on_health)
+        app.router.add_get("/metrics", self.on_metrics)
+
+    async def _run(self, name: str, probe: HealthProbe) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            details = await asyncio.wait_for(probe(), self._timeout)
+            result = {"ok": True, **details}
+        except TimeoutError:
+            result = {"ok": False, "error": f"no answer within {self._timeout:.0f}s"}
+        except Exception as exc:  # noqa: BLE001 - a failing probe is the report
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        elapsed = time.monotonic() - started
+        self._metrics.health_check_seconds.labels(name).set(elapsed)
+        result["latency_ms"] = round(elapsed * 1000, 1)
+        return result
+
+    async def on_health(self, _request: web.Request) -> web.Response:
+        names = list(self._probes)
+        results = await asyncio.gather(*(self._run(n, self._probes[n]) for n in names))
+        checks = dict(zip(names, results, strict=True))
+        healthy = all(r["ok"] for r in results)
+        return web.json_response(
+            {"status": "ok" if healthy else "unhealthy", "checks": checks},
+            status=200 if healthy else 503,
+        )
+
+    async def on_metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

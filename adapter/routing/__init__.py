@@ -1,0 +1,1 @@
+"""Routing reTHINK messages through Matrix: decide, carry, deliver."""

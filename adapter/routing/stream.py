@@ -1,0 +1,248 @@
+"""An ordered stream of items sent into one room as batch events, with adaptive batching.
+
+Where a routed message leaves the node for Matrix. The first item goes out at once; whatever
+queues while a send is in flight goes together in the next event. Light load thus keeps the
+latency of a single event, and heavy load gets large batches (inline up to an event's size, then
+through the media repository) instead of one event per message.
+
+One event is in flight per stream, so the room's order is the order items were pushed. A failed
+send is retried, with the same transaction id (the homeserver deduplicates), until it succeeds or
+the stream is closed; items never skip ahead of a failed batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from appservice.api import HomeserverUnreachable, MatrixError
+from appservice.intent import Intent
+
+from ..observability import NodeMetrics
+from . import carrier
+
+log = structlog.get_logger(__name__)
+
+# Resolves where the stream sends: the acting user and the room. ``refresh`` asks to provision
+# again (e.g. after the homeserver refused a send because the room is gone).
+Target = Callable[[bool], Awaitable[tuple[Intent, str]]]
+
+
+class Traffic:
+    """When a runtime last handed the node a message for the homeserver.
+
+    Synapse persists one event at a time, so an audit event being written when a message
+    arrives delays that message by the write. Background streams (the journal) therefore send
+    in the gaps of routed traffic, and only past a deadline when there is no gap."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    async def gap(self, quiet: float, deadline: float) -> None:
+        """Return once routed traffic paused for ``quiet`` seconds, or at ``deadline``."""
+        while True:
+            now = time.monotonic()
+            wait = min(self.last + quiet, deadline) - now
+            if wait <= 0:
+                return
+            await asyncio.sleep(wait)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    max_batch_bytes: int = 16 * 1024 * 1024
+    max_queued_bytes: int = 64 * 1024 * 1024
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+    # Least time between two events of the stream. 0 for outboxes (latency matters); the journal
+    # waits a little to gather entries, since every event costs the homeserver a write and a
+    # transaction back to the node.
+    min_interval: float = 0.0
+    # For a background stream: the pause in routed traffic it waits for, and the longest an
+    # item may wait for one.
+    quiet: float = 0.1
+    max_delay: float = 5.0
+
+
+T = TypeVar("T")
+
+
+class BatchStream(Generic[T]):
+    def __init__(
+        self,
+        name: str,
+        encoder: carrier.Encoder[T],
+        header: Callable[[], dict[str, Any]],
+        target: Target,
+        metrics: NodeMetrics,
+        limits: StreamLimits = StreamLimits(),
+        on_sent: Callable[[int, float], None] | None = None,
+        traffic: Traffic | None = None,
+        background: bool = False,
+    ) -> None:
+        self.name = name
+        self._encoder = encoder
+        self._header = header
+        self._target = target
+        self._metrics = metrics
+        self._limits = limits
+        self._on_sent = on_sent
+        # A routed stream marks the traffic; a background stream waits for its gaps.
+        self._traffic = traffic
+        self._background = background
+        self._oldest = 0.0  # when the oldest queued item arrived
+        self._queue: deque[T] = deque()
+        self._queued_bytes = 0
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight: list[T] = []
+        self._last_sent = 0.0
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._drained = asyncio.Event()  # set whenever a batch leaves the queue
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def has_room_for(self, size: int) -> bool:
+        return self._queued_bytes + size <= self._limits.max_queued_bytes
+
+    async def wait_for_room(self, size: int, timeout: float) -> bool:
+        """Wait until ``size`` more bytes fit in the queue; False if they did not within
+        ``timeout`` seconds (the homeserver is down or far behind)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.has_room_for(size):
+                    self._drained.clear()
+                    await self._drained.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def push(self, item: T) -> None:
+        if not self._queue:
+            self._oldest = time.monotonic()
+        if self._traffic is not None and not self._background:
+            self._traffic.touch()
+        self._queue.append(item)
+        self._queued_bytes += self._encoder.size(item)
+        if self._task is None and not self._closed:
+            self._idle.clear()
+            self._task = asyncio.create_task(self._drain(), name=f"stream:{self.name}")
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue and not self._closed:
+                wait = self._last_sent + self._limits.min_interval - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if self._background and self._traffic is not None:
+                    limits = self._limits
+                    await self._traffic.gap(limits.quiet, self._oldest + limits.max_delay)
+                self._in_flight = self._take_batch()
+                self._oldest = time.monotonic()
+                await self._send_until_done(self._in_flight)
+                self._in_flight = []
+                self._last_sent = time.monotonic()
+        finally:
+            self._task = None
+            self._idle.set()
+
+    def _take_batch(self) -> list[T]:
+        batch: list[T] = []
+        taken = 0
+        limit = self._limits.max_batch_bytes
+        queue, size = self._queue, self._encoder.size
+        while queue and (not batch or taken + size(queue[0]) < limit):
+            item = queue.popleft()
+            taken += size(item)
+            batch.append(item)
+        self._queued_bytes -= taken
+        self._drained.set()
+        return batch
+
+    async def _send_until_done(self, batch: list[T]) -> None:
+        encoded = self._encoder.encode(self._header(), batch)
+        delay = self._limits.retry_initial
+        refresh = False
+        txn_id: str | None = None
+        while True:
+            started = time.monotonic()
+            try:
+                intent, room_id = await self._target(refresh)
+                txn_id = txn_id or intent.new_txn_id()
+                kind = await self._send(intent, room_id, encoded, txn_id)
+                self._metrics.matrix_events_out.labels(kind).inc()
+                if self._on_sent is not None:
+                    self._on_sent(len(batch), time.monotonic() - started)
+                return
+            except asyncio.CancelledError:
+                raise
+            except MatrixError as exc:
+                # The room is gone or we are no longer in it: provision it again.
+                refresh = exc.status in (403, 404)
+                log.warning(
+                    "batch send refused; retrying",
+                    stream=self.name,
+                    error=str(exc),
+                    retry_in=round(delay, 2),
+                    items=len(batch),
+                )
+            except HomeserverUnreachable as exc:
+                log.warning(
+                    "homeserver unreachable; retrying",
+                    stream=self.name,
+                    error=str(exc),
+                    retry_in=round(delay, 2),
+                    items=len(batch),
+                )
+            except Exception:
+                log.exception("batch send failed; retrying", stream=self.name, items=len(batch))
+            if self._closed:
+                log.error("stream closed with an unsent batch", stream=self.name, items=len(batch))
+                return
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            delay = min(delay * 2, self._limits.retry_max)
+
+    async def _send(
+        self, intent: Intent, room_id: str, encoded: carrier.Encoded, txn_id: str
+    ) -> str:
+        event_type = self._encoder.event_type
+        if encoded.inline is not None:
+            await intent.send_event(room_id, event_type, encoded.inline, txn_id)
+            return "inline"
+        assert encoded.blob is not None
+        uri = await intent.upload(encoded.blob, "application/octet-stream", f"{self.name}.bin")
+        await intent.send_event(room_id, event_type, encoded.media_content(uri), txn_id)
+        return "media"
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything pushed so far is sent; False if that took longer than
+        ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> int:
+        """Stop sending; returns how many items were left unsent (call ``flush`` first)."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return len(self._queue) + len(self._in_flight)

@@ -1,0 +1,1 @@
+"""Message Node services: address allocation, subscription manager, registry/IdM connectors."""

@@ -1,0 +1,107 @@
+"""Address allocation: hyperty and data-object addresses for runtimes (phase 1 and phase 2).
+
+`create` allocates `number` addresses (default 1) and answers `{allocated: [...]}`; the hyperty
+endpoint always allocates `hyperty://`, the object endpoint the requested scheme, the phase-2
+endpoint the requested scheme or `hyperty`. An `allocationKey` names the block, so a later
+`delete` with `resource: <key>` removes it. `delete` also takes addresses in `resource` or
+`childrenResources` (nested lists are flattened). Only the requester's own allocations are
+removed; a delete naming nothing is a 400, naming unknown things a 200.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+from ..messages import MAX_ADDRESS_BYTES, Message
+from ..routing.table import RoutingTable
+from ..storage.routes import RouteStore
+from .base import Requester, ServiceReply
+
+HYPERTY_ENDPOINT = "hyperty-address-allocation"
+OBJECT_ENDPOINT = "object-address-allocation"
+PHASE2_ENDPOINT = "address-allocation"
+ENDPOINTS = (HYPERTY_ENDPOINT, OBJECT_ENDPOINT, PHASE2_ENDPOINT)
+
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.\-]{0,31}$")
+MAX_NESTING = 8
+
+
+class AllocationService:
+    def __init__(
+        self, domain: str, table: RoutingTable, store: RouteStore, max_block: int = 1000
+    ) -> None:
+        self._domain = domain
+        self._table = table
+        self._store = store
+        self._max_block = max_block
+
+    async def handle(self, message: Message, requester: Requester) -> ServiceReply:
+        endpoint = message.to_first.rsplit("/", 1)[-1]
+        if message.type == "create":
+            return await self._create(endpoint, message.body, requester)
+        if message.type == "delete":
+            return await self._delete(message.body, requester)
+        return ServiceReply(405, desc=f"address allocation does not support '{message.type}'")
+
+    def _scheme(self, endpoint: str, body: dict[str, Any]) -> str | ServiceReply:
+        if endpoint == HYPERTY_ENDPOINT:
+            return "hyperty"
+        value = body.get("value")
+        nested = value.get("scheme") if isinstance(value, dict) else None
+        scheme = body.get("scheme", nested)
+        if scheme is None:
+            if endpoint == OBJECT_ENDPOINT:
+                return ServiceReply(400, desc="object allocation needs body.scheme")
+            return "hyperty"
+        if not isinstance(scheme, str) or not _SCHEME.match(scheme):
+            return ServiceReply(400, desc=f"body.scheme {scheme!r} is not a URL scheme")
+        return scheme
+
+    async def _create(self, endpoint: str, body: dict[str, Any], who: Requester) -> ServiceReply:
+        scheme = self._scheme(endpoint, body)
+        if isinstance(scheme, ServiceReply):
+            return scheme
+        value = body.get("value", {})
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            return ServiceReply(400, desc="body.value must be an object")
+        number = value.get("number", 1)
+        if isinstance(number, bool) or not isinstance(number, int):
+            return ServiceReply(400, desc="body.value.number must be an integer")
+        if not 1 <= number <= self._max_block:
+            return ServiceReply(400, desc=f"body.value.number must be 1..{self._max_block}")
+        key = value.get("allocationKey")
+        if key is not None and (
+            not isinstance(key, str) or not key or len(key.encode()) > MAX_ADDRESS_BYTES
+        ):
+            return ServiceReply(400, desc="body.value.allocationKey must be a non-empty string")
+        addresses = [f"{scheme}://{self._domain}/{uuid.uuid4()}" for _ in range(number)]
+        # Durable before the runtime hears of it.
+        await self._store.add_allocations(who.session_id, addresses, scheme, key)
+        self._table.add_allocations(who.session_id, addresses, key)
+        return ServiceReply(200, value={"allocated": addresses}, affected=len(addresses))
+
+    async def _delete(self, body: dict[str, Any], who: Requester) -> ServiceReply:
+        resource = body.get("resource")
+        children = body.get("childrenResources")
+        if not resource and not children:
+            return ServiceReply(400, desc="delete needs body.resource or body.childrenResources")
+        targets: set[str] = set()
+        for item in flatten_addresses([resource, children]):
+            block = self._table.block(who.session_id, item)
+            targets.update(block or (item,))
+        removed = self._table.remove_allocations(who.session_id, targets)
+        await self._store.remove_allocations(who.session_id, removed)
+        return ServiceReply(200, affected=len(removed))
+
+
+def flatten_addresses(value: Any, depth: int = 0) -> list[str]:
+    """Strings found in arbitrarily nested lists (bounded: a hostile nesting is cut off)."""
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list) and depth < MAX_NESTING:
+        return [s for item in value for s in flatten_addresses(item, depth + 1)]
+    return []

@@ -1,0 +1,36 @@
+"""What every MN service shares: the reply it produces and the requester it serves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..messages import Message
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceReply:
+    """The answer an MN service gives; the node turns it into a reTHINK response."""
+
+    code: int
+    value: Any = None
+    desc: str | None = None
+    # Fields a back end puts at the top of the response body beside code/value/desc (the global
+    # registry's `Code`/`Value`, which the runtime's GraphConnector reads there).
+    extra: Mapping[str, Any] | None = None
+    # For the journal, not the runtime: how many addresses the request allocated, removed,
+    # subscribed or unsubscribed (a delete by allocation key names one key for a whole block).
+    affected: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """The runtime session a request arrived from."""
+
+    session_id: int
+    runtime_url: str
+
+
+class MnService(Protocol):
+    async def handle(self, message: Message, requester: Requester) -> ServiceReply: ...

@@ -1,0 +1,89 @@
+"""The subscription manager (`domain://msg-node.<domain>/sm`).
+
+Three body forms occur and all are accepted:
+- `{resources: [...], source}` (what current runtimes send);
+- `{subscribe: [...]}` / `{unsubscribe: [...]}` (a single string too);
+- `{resource, childrenResources}` (phase-1 spec): the object itself, its change stream
+  `<object>/changes` and each `<object>/children/<name>` (a child given as a full URL is used as
+  it is).
+
+The subscriber is the runtime `body.source` belongs to when the node knows it, else the requester.
+Addresses match exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import MAX_ADDRESS_BYTES, Message
+from ..routing.table import RoutingTable
+from ..storage.routes import RouteStore
+from .base import Requester, ServiceReply
+
+MAX_RESOURCES = 1000
+
+
+class SubscriptionService:
+    def __init__(self, table: RoutingTable, store: RouteStore) -> None:
+        self._table = table
+        self._store = store
+
+    async def handle(self, message: Message, requester: Requester) -> ServiceReply:
+        if message.type not in ("subscribe", "unsubscribe"):
+            return ServiceReply(
+                405, desc=f"the subscription manager does not support '{message.type}'"
+            )
+        addresses = requested_resources(message.type, message.body)
+        if isinstance(addresses, ServiceReply):
+            return addresses
+        subscriber = requester.session_id
+        source = message.body.get("source")
+        if isinstance(source, str) and source:
+            owner = self._table.owner(source)
+            if owner is not None:
+                subscriber = owner
+        if message.type == "subscribe":
+            await self._store.subscribe(subscriber, addresses)
+            self._table.subscribe(subscriber, addresses)
+        else:
+            await self._store.unsubscribe(subscriber, addresses)
+            self._table.unsubscribe(subscriber, addresses)
+        return ServiceReply(200, affected=len(addresses))
+
+
+def requested_resources(kind: str, body: dict[str, Any]) -> list[str] | ServiceReply:
+    """The addresses a (un)subscribe body names, or the 400 answer explaining why none."""
+    found: list[Any]
+    if "resources" in body:
+        found = _as_list(body["resources"])
+    elif kind in body or "subscribe" in body:
+        # Some runtimes send `subscribe` in an unsubscribe request; accept it.
+        found = _as_list(body.get(kind, body.get("subscribe")))
+    elif "resource" in body:
+        resource = body["resource"]
+        if not isinstance(resource, str) or not resource:
+            return ServiceReply(400, desc="body.resource must be an address")
+        found = [resource, f"{resource}/changes"]
+        for child in _as_list(body.get("childrenResources") or []):
+            if isinstance(child, str) and child:
+                found.append(child if "://" in child else f"{resource}/children/{child}")
+    else:
+        return ServiceReply(400, desc=f"{kind} needs body.resources, body.{kind} or body.resource")
+    if not found:
+        return ServiceReply(400, desc=f"nothing to {kind}: the resource list is empty")
+    if len(found) > MAX_RESOURCES:
+        return ServiceReply(400, desc=f"at most {MAX_RESOURCES} resources per request")
+    bad = [
+        r for r in found if not isinstance(r, str) or not r or len(r.encode()) > MAX_ADDRESS_BYTES
+    ]
+    if bad:
+        return ServiceReply(400, desc="every resource must be a non-empty address string")
+    return list(dict.fromkeys(found))
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    if value is None:
+        return []
+    return [value]

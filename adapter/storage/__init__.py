@@ -1,0 +1,1 @@
+"""Persistence: models, engine, migrations and the stores the node's services use."""

@@ -1,0 +1,1 @@
+"""Where runtimes' stubs connect: the WebSocket endpoint, connections, resume tokens."""

@@ -1,0 +1,133 @@
+"""One stub's WebSocket, as the rest of the node sees it: send a text frame, close."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+
+import structlog
+from aiohttp import WSMsgType, web
+
+log = structlog.get_logger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_REPLACED = 4409
+
+
+class StubConnection:
+    """While the socket's buffer is full, frames wait in a backlog written by a task of this
+    connection alone, so a send does not wait on a slow reader. Only when the runtime falls far
+    behind (a quarter of its backlog allowance) does a send wait for it to catch up: that slows
+    the senders down (the homeserver's transactions, or a direct sender's socket) instead of
+    dropping anything. A runtime that stays behind for ``slow_seconds``, or whose backlog
+    reaches the allowance, is disconnected and what it had not received is handed back
+    (``on_overflow``) to be kept for its resume."""
+
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        request: web.Request,
+        max_backlog_bytes: int,
+        on_overflow: Callable[[list[str]], None],
+        slow_seconds: float = 10.0,
+    ) -> None:
+        self.ws = ws
+        self._transport = request.transport
+        self._max_backlog = max_backlog_bytes
+        self._soft_backlog = max_backlog_bytes // 4
+        self._slow_seconds = slow_seconds
+        self._caught_up = asyncio.Event()
+        self._on_overflow = on_overflow
+        self._backlog: deque[bytes] = deque()
+        self._backlog_bytes = 0
+        self._writer: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
+        self.peer = request.remote
+
+    @property
+    def open(self) -> bool:
+        return not self.ws.closed
+
+    def _congested(self) -> bool:
+        transport = self._transport
+        if transport is None:
+            return False
+        return transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]
+
+    async def send(self, data: str | bytes) -> bool:
+        """Queue one text frame for the runtime (given as text, or as its UTF-8 bytes when the
+        same message goes to many runtimes); False when the socket is already gone."""
+        if self.ws.closed:
+            return False
+        payload = data.encode() if isinstance(data, str) else data
+        if self._writer is not None or self._congested():
+            self._add_backlog(payload)
+            if self._backlog_bytes > self._soft_backlog and not await self._catch_up():
+                self._too_slow()
+            return True
+        try:
+            await self.ws.send_frame(payload, WSMsgType.TEXT)
+        except (ConnectionError, RuntimeError):
+            return False
+        return True
+
+    async def _catch_up(self) -> bool:
+        """Wait until the backlog is down to half the soft limit; False if that took too long."""
+        try:
+            async with asyncio.timeout(self._slow_seconds):
+                while self._backlog_bytes > self._soft_backlog // 2 and not self.ws.closed:
+                    self._caught_up.clear()
+                    await self._caught_up.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _too_slow(self) -> None:
+        if not self._backlog:
+            return
+        log.warning(
+            "stub too slow; disconnecting it", peer=self.peer, backlog_bytes=self._backlog_bytes
+        )
+        self._hand_back()
+        self._closing = asyncio.create_task(self.close(CLOSE_POLICY, "too slow to read"))
+
+    def _add_backlog(self, payload: bytes) -> None:
+        self._backlog.append(payload)
+        self._backlog_bytes += len(payload)
+        if self._backlog_bytes > self._max_backlog:
+            self._too_slow()
+            return
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_backlog())
+
+    async def _write_backlog(self) -> None:
+        try:
+            while self._backlog and not self.ws.closed:
+                payload = self._backlog[0]
+                await self.ws.send_frame(payload, WSMsgType.TEXT)
+                self._backlog.popleft()
+                self._backlog_bytes -= len(payload)
+                if self._backlog_bytes <= self._soft_backlog // 2:
+                    self._caught_up.set()
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            self._caught_up.set()
+            self._writer = None
+            if self._backlog and self.ws.closed:
+                self._hand_back()
+
+    def _hand_back(self) -> None:
+        left = [p.decode() for p in self._backlog]
+        self._backlog.clear()
+        self._backlog_bytes = 0
+        self._caught_up.set()
+        self._on_overflow(left)
+
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.close(code=code, message=reason.encode())

@@ -1,0 +1,1 @@
+"""The Matrix side of the Message Node: the appservice HTTP API and the homeserver client."""

@@ -1,0 +1,247 @@
+// Load driver for bench/run.py: opens real WebSocket stub connections (v2 handshake) to a
+// Message Node (ours, or the baseline relay) and runs one scenario, printing one JSON result.
+//
+//   node bench/driver.mjs '{"scenario":"messaging","url":"ws://127.0.0.1:9090/stub/connect",...}'
+//
+// It speaks the stub protocol directly, as reTHINK's own measurements did, so the figures are the
+// node's and not a runtime's.
+import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import { createInterface } from 'node:readline';
+import WebSocket from 'ws';
+
+const spec = JSON.parse(process.argv[2]);
+const DOMAIN = spec.domain ?? 'localhost';
+const MN = `domain://msg-node.${DOMAIN}`;
+let nextId = 1;
+
+function payload(size) {
+  // Random base64: incompressible, so no layer can flatter a figure by compressing it.
+  return randomBytes(Math.ceil((size * 3) / 4) + 3).toString('base64').slice(0, size);
+}
+
+class Client {
+  constructor(url, runtimeURL) {
+    this.runtimeURL = runtimeURL;
+    this.stubAddress = runtimeURL.replace('runtime://', 'hyperty-runtime://') + '/protostub';
+    this.pending = new Map();
+    this.onMessage = null;
+    this.ws = new WebSocket(`${url}?runtimeURL=${encodeURIComponent(runtimeURL)}`, {
+      perMessageDeflate: false,
+      maxPayload: 64 * 1024 * 1024,
+    });
+    this.ws.on('message', (data) => this.#dispatch(data.toString()));
+    this.opened = new Promise((resolve, reject) => {
+      this.ws.once('open', resolve);
+      this.ws.once('error', reject);
+    });
+  }
+
+  #dispatch(text) {
+    if (this.pending.size > 0) {
+      const message = JSON.parse(text);
+      const waiter = message.type === 'response' ? this.pending.get(message.id) : undefined;
+      if (waiter) {
+        this.pending.delete(message.id);
+        waiter(message);
+        return;
+      }
+    }
+    if (this.onMessage) this.onMessage(text);
+  }
+
+  request(to, type, body, from) {
+    const id = nextId++;
+    const message = { id, type, from: from ?? `${this.stubAddress}/registry/allocation`, to, body };
+    return new Promise((resolve) => {
+      this.pending.set(id, resolve);
+      this.ws.send(JSON.stringify(message));
+    });
+  }
+
+  async allocate(endpoint = 'hyperty-address-allocation', scheme = 'hyperty', number = 1, key) {
+    const value = { number };
+    if (key) value.allocationKey = key;
+    const answer = await this.request(`${MN}/${endpoint}`, 'create', { scheme, value });
+    if (answer.body.code !== 200) throw new Error(`allocation failed: ${JSON.stringify(answer)}`);
+    return answer.body.value.allocated;
+  }
+
+  close() {
+    this.ws.close();
+  }
+}
+
+async function connect(count, prefix) {
+  const clients = [];
+  for (let i = 0; i < count; i++) clients.push(new Client(spec.url, `runtime://${DOMAIN}/${prefix}-${i}`));
+  await Promise.all(clients.map((c) => c.opened));
+  return clients;
+}
+
+function percentile(sorted, p) {
+  if (sorted.length === 0) return null;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
+}
+
+async function allocation() {
+  const [client] = await connect(1, `alloc-${spec.tag ?? 'x'}`);
+  const endpoint = spec.kind === 'object' ? 'object-address-allocation' : 'hyperty-address-allocation';
+  const scheme = spec.kind === 'object' ? 'comm' : 'hyperty';
+  const blocks = [];
+  let started = performance.now();
+  for (let i = 0; i < spec.count; i++) {
+    const key = spec.withKey ? `${client.stubAddress}/key-${i}` : undefined;
+    const allocated = await client.allocate(endpoint, scheme, spec.number, key);
+    blocks.push(key ?? allocated);
+  }
+  const createMs = performance.now() - started;
+  started = performance.now();
+  for (const block of blocks) {
+    const body = typeof block === 'string' ? { resource: block } : { childrenResources: block };
+    const answer = await client.request(`${MN}/${endpoint}`, 'delete', body);
+    if (answer.body.code !== 200) throw new Error(`delete failed: ${JSON.stringify(answer)}`);
+  }
+  const deleteMs = performance.now() - started;
+  client.close();
+  return { create_ms: createMs, delete_ms: deleteMs };
+}
+
+// One message before the clock starts: the sender's first routed message provisions its room
+// in Matrix once per runtime lifetime, which is not what these figures are about.
+async function warmUp(sender, receiver, from, to) {
+  const arrived = new Promise((resolve) => { receiver.onMessage = resolve; });
+  sender.ws.send(JSON.stringify({ id: 'warm-up', type: 'update', from, to, body: {} }));
+  await arrived;
+}
+
+async function messaging() {
+  const [a, b] = await connect(2, `msg-${spec.tag ?? 'x'}`);
+  const [from] = await a.allocate();
+  const [to] = await b.allocate();
+  await warmUp(a, b, from, to);
+  const body = payload(spec.size);
+  const texts = [];
+  for (let i = 0; i < spec.count; i++) {
+    texts.push(JSON.stringify({ id: i, type: 'update', from, to, body: { seq: i, payload: body } }));
+  }
+  let received = 0;
+  let outOfOrder = 0;
+  let expected = 0;
+  let started = 0;
+  const done = new Promise((resolve) => {
+    b.onMessage = (text) => {
+      const message = JSON.parse(text);
+      if (message.body.seq !== expected) outOfOrder++;
+      expected = message.body.seq + 1;
+      if (++received === spec.count) resolve(performance.now());
+    };
+  });
+  const timeout = new Promise((resolve) => setTimeout(() => resolve(null), spec.timeoutMs ?? 120000));
+  started = performance.now();
+  for (const text of texts) a.ws.send(text);
+  const ended = await Promise.race([done, timeout]);
+  a.close();
+  b.close();
+  return {
+    ms: ended === null ? null : ended - started,
+    received,
+    lost: spec.count - received,
+    out_of_order: outOfOrder,
+  };
+}
+
+async function publication() {
+  const [reporter] = await connect(1, `pub-${spec.tag ?? 'x'}`);
+  const subscribers = await connect(spec.subscribers, `sub-${spec.tag ?? 'x'}`);
+  const [object] = await reporter.allocate('object-address-allocation', 'comm');
+  const changes = `${object}/changes`;
+  await Promise.all(subscribers.map((s) =>
+    s.request(`${MN}/sm`, 'subscribe', { resources: [changes] }, `${s.stubAddress}/sm`)));
+  await warmUp(reporter, subscribers[0], object, changes);
+  await new Promise((r) => setTimeout(r, 300));
+  const rounds = [];
+  // The first rounds run while V8 is still compiling this driver's receive path (1,000 sockets
+  // at once): two unmeasured rounds, so the figures are the node's, not the instrument's.
+  const warmUpRounds = spec.warmUpRounds ?? 2;
+  for (let round = -warmUpRounds; round < (spec.rounds ?? 3); round++) {
+    let got = 0;
+    const prefix = `{"id":"u${round}",`;
+    const done = new Promise((resolve) => {
+      for (const s of subscribers) {
+        s.onMessage = (text) => {
+          // The frame is the reporter's text unmodified, so its start identifies the round.
+          if (text.startsWith(prefix) && ++got === subscribers.length) resolve(performance.now());
+        };
+      }
+    });
+    const timeout = new Promise((resolve) => setTimeout(() => resolve(null), spec.timeoutMs ?? 60000));
+    const started = performance.now();
+    reporter.ws.send(JSON.stringify({
+      id: `u${round}`, type: 'update', from: object, to: changes, body: { value: payload(spec.size) },
+    }));
+    const ended = await Promise.race([done, timeout]);
+    if (round >= 0) rounds.push({ ms: ended === null ? null : ended - started, received: got });
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  reporter.close();
+  for (const s of subscribers) s.close();
+  return { rounds };
+}
+
+async function latency() {
+  const [a, b] = await connect(2, `lat-${spec.tag ?? 'x'}`);
+  const [from] = await a.allocate();
+  const [to] = await b.allocate();
+  await warmUp(a, b, from, to);
+  const latencies = [];
+  const done = new Promise((resolve) => {
+    b.onMessage = (text) => {
+      const message = JSON.parse(text);
+      latencies.push(performance.now() - message.body.sent);
+      if (latencies.length === spec.count) resolve();
+    };
+  });
+  const interval = 1000 / spec.rate;
+  const body = payload(spec.size ?? 100);
+  const started = performance.now();
+  for (let i = 0; i < spec.count; i++) {
+    const due = started + i * interval;
+    const wait = due - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    a.ws.send(JSON.stringify({ id: i, type: 'update', from, to, body: { sent: performance.now(), payload: body } }));
+  }
+  await Promise.race([done, new Promise((r) => setTimeout(r, 30000))]);
+  a.close();
+  b.close();
+  latencies.sort((x, y) => x - y);
+  return {
+    received: latencies.length,
+    p50_ms: percentile(latencies, 50),
+    p99_ms: percentile(latencies, 99),
+    max_ms: latencies[latencies.length - 1] ?? null,
+  };
+}
+
+async function idle() {
+  const clients = [];
+  for (let i = 0; i < spec.count; i += 200) {
+    clients.push(...(await connect(Math.min(200, spec.count - i), `idle-${spec.tag ?? 'x'}-${i}`)));
+  }
+  process.stdout.write(JSON.stringify({ open: clients.length }) + '\n');
+  // Hold the connections until the orchestrator has measured, then close them.
+  const lines = createInterface({ input: process.stdin });
+  for await (const _ of lines) break;
+  for (const c of clients) c.close();
+  return { closed: clients.length };
+}
+
+const scenarios = { allocation, messaging, publication, latency, idle };
+try {
+  const result = await scenarios[spec.scenario]();
+  process.stdout.write(JSON.stringify(result) + '\n');
+  process.exit(0);
+} catch (error) {
+  process.stdout.write(JSON.stringify({ error: String(error?.stack ?? error) }) + '\n');
+  process.exit(1);
+}

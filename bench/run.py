@@ -1,0 +1,634 @@
+"""The benchmark: the node against reTHINK's evaluation, with same-run baselines.
+
+    .venv/bin/python bench/run.py            # full run (a few minutes)
+    .venv/bin/python bench/run.py --quick    # smoke run
+
+It starts its own Synapse (SQLite, loopback) and, as separate processes, the node and the
+ceiling baseline (bench/relay.py: the node's code with Matrix taken out). Load comes from
+bench/driver.mjs over real WebSocket stub connections; the bare homeserver pipeline
+(bench/bare.py) is measured in this process. It prints a table and writes a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+from rich.console import Console
+from rich.table import Table
+from ruamel.yaml import YAML
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bare import BarePipeline  # noqa: E402
+
+from adapter.localstack.synapse import (  # noqa: E402
+    SynapseProcess,
+    SynapseSettings,
+    ensure_synapse_installed,
+    free_port,
+    write_homeserver_config,
+)
+from appservice.registration import build_registration  # noqa: E402
+
+DOMAIN = "bench.local"
+SERVER_NAME = "bench.local"
+console = Console(highlight=False)
+
+# reTHINK's NoMatrix node measured on this kind of machine (DESIGN.md §7), and the targets.
+REFERENCE = {
+    "alloc_hyperty_1_10000": 2894,
+    "msg_100_10000": 580,
+    "msg_1000_10000": 675,
+    "msg_10000_10000": 1970,
+    "pub_100_1000": 21,
+    "pub_10000_1000": 61,
+}
+TARGETS = {
+    "alloc_hyperty_1_10000": 2900,
+    "msg_100_10000": 600,
+    "msg_10000_10000": 2000,
+    "pub_10000_1000": 60,
+}
+
+
+@dataclass
+class Plan:
+    alloc_counts: tuple[int, ...]
+    msg_counts: tuple[int, ...]
+    msg_sizes: tuple[int, ...]
+    pub_subscribers: tuple[int, ...]
+    pub_sizes: tuple[int, ...]
+    latency_count: int
+    latency_rate: float
+    idle_connections: int
+    repeats: int
+    bare_msg_counts: tuple[int, ...]
+
+
+FULL = Plan(
+    (100, 1000, 10000),
+    (100, 1000, 10000),
+    (100, 1000, 10000),
+    (100, 200, 1000),
+    (100, 10000),
+    1000,
+    20.0,
+    2000,
+    3,
+    (100, 1000, 10000),
+)
+QUICK = Plan((100,), (100, 1000), (100, 10000), (100,), (100, 10000), 100, 20.0, 200, 1, (100,))
+
+
+@dataclass
+class Results:
+    started: str
+    machine: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, test: str, **values: Any) -> None:
+        row = {"test": test, **values}
+        self.rows.append(row)
+        console.print(f"  {test}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+def write_config(
+    path: Path,
+    hs_url: str,
+    as_port: int,
+    stub_port: int,
+    db: Path,
+    as_token: str,
+    hs_token: str,
+    journal: bool,
+) -> None:
+    YAML().dump(
+        {
+            "domain": DOMAIN,
+            "homeserver": {"url": hs_url, "server_name": SERVER_NAME},
+            "appservice": {
+                "as_token": as_token,
+                "hs_token": hs_token,
+                "listen": {"host": "127.0.0.1", "port": as_port},
+            },
+            "stub": {
+                "listen": {"host": "127.0.0.1", "port": stub_port},
+                "max_frame_bytes": 1024 * 1024,
+                "max_connections": 20000,
+            },
+            "database": {"url": f"sqlite:///{db}"},
+            "routing": {"journal": journal},
+            "logging": {"level": "WARNING", "format": "json"},
+        },
+        path,
+    )
+
+
+class Service:
+    """A node-like process: started, checked healthy, measured, stopped."""
+
+    def __init__(self, name: str, command: list[str], health_url: str, log: Path) -> None:
+        self.name = name
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        self.health_url = health_url
+
+    async def wait_healthy(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+                try:
+                    async with http.get(self.health_url) as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.25)
+        raise RuntimeError(f"{self.name} not healthy within {timeout}s")
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
+async def drive(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(ROOT / "bench" / "driver.mjs"),
+        json.dumps(spec),
+        cwd=ROOT / "bench",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    lines = out.decode().strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"driver printed nothing: {err.decode()[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    if "error" in result:
+        raise RuntimeError(f"driver failed: {result['error']}")
+    return result
+
+
+async def idle_rss(service: Service, url: str, count: int) -> dict[str, Any]:
+    before = service.rss_mb()
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(ROOT / "bench" / "driver.mjs"),
+        json.dumps(
+            {
+                "scenario": "idle",
+                "url": url,
+                "count": count,
+                "domain": DOMAIN,
+                "tag": secrets.token_hex(3),
+            }
+        ),
+        cwd=ROOT / "bench",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    opened = json.loads(await asyncio.wait_for(proc.stdout.readline(), 300))
+    await asyncio.sleep(2)  # let the node settle (buffers, sessions written)
+    during = service.rss_mb()
+    proc.stdin.write(b"close\n")
+    await proc.stdin.drain()
+    await asyncio.wait_for(proc.wait(), 120)
+    return {
+        "connections": opened["open"],
+        "rss_before_mb": before,
+        "rss_with_idle_mb": during,
+        "added_mb": during - before,
+    }
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+async def run_scenarios(
+    name: str, url: str, plan: Plan, results: Results, service: Service | None
+) -> None:
+    tag = f"{name}-{secrets.token_hex(3)}"
+    console.rule(f"[bold]{name}")
+    # Light-load latency and publication first, while the homeserver is as fresh as the bare
+    # pipeline's: Synapse's pushes to appservices slow down as a SQLite homeserver fills up
+    # (the bare pipeline measured after a full run's traffic had a p50 of 199 ms, fresh 18 ms).
+
+    r = await drive(
+        {
+            "scenario": "latency",
+            "url": url,
+            "domain": DOMAIN,
+            "count": plan.latency_count,
+            "rate": plan.latency_rate,
+            "tag": f"{tag}-l",
+        }
+    )
+    results.add(
+        "latency", target=name, p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], received=r["received"]
+    )
+
+    for size in plan.pub_sizes:
+        for subscribers in plan.pub_subscribers:
+            r = await drive(
+                {
+                    "scenario": "publication",
+                    "url": url,
+                    "domain": DOMAIN,
+                    "subscribers": subscribers,
+                    "size": size,
+                    "rounds": 3,
+                    "tag": f"{tag}-p{size}-{subscribers}",
+                }
+            )
+            rounds = [x["ms"] for x in r["rounds"] if x["ms"] is not None]
+            results.add(
+                f"pub_{size}_{subscribers}",
+                target=name,
+                ms=statistics.median(rounds) if rounds else None,
+                rounds_ms=[None if x["ms"] is None else round(x["ms"], 1) for x in r["rounds"]],
+                lost=sum(subscribers - x["received"] for x in r["rounds"]),
+            )
+
+    for size in plan.msg_sizes:
+        for count in plan.msg_counts:
+            runs = [
+                await drive(
+                    {
+                        "scenario": "messaging",
+                        "url": url,
+                        "domain": DOMAIN,
+                        "count": count,
+                        "size": size,
+                        "tag": f"{tag}-m{size}-{count}-{i}",
+                    }
+                )
+                for i in range(plan.repeats if count >= 10000 else 1)
+            ]
+            done = [r["ms"] for r in runs if r["ms"] is not None]
+            results.add(
+                f"msg_{size}_{count}",
+                target=name,
+                ms=statistics.median(done) if done else None,
+                runs_ms=[None if r["ms"] is None else round(r["ms"], 1) for r in runs],
+                lost=sum(r["lost"] for r in runs),
+                out_of_order=sum(r["out_of_order"] for r in runs),
+            )
+
+    for kind in ("hyperty", "object"):
+        for count in plan.alloc_counts:
+            for number, with_key in ((1, False), (3, False), (3, True)):
+                form = f"{number}{'k' if with_key else ''}"
+                r = await drive(
+                    {
+                        "scenario": "allocation",
+                        "url": url,
+                        "domain": DOMAIN,
+                        "kind": kind,
+                        "count": count,
+                        "number": number,
+                        "withKey": with_key,
+                        "tag": f"{tag}-a{kind}{count}{form}",
+                    }
+                )
+                results.add(
+                    f"alloc_{kind}_{form}_{count}",
+                    target=name,
+                    create_ms=r["create_ms"],
+                    delete_ms=r["delete_ms"],
+                )
+
+    if service is not None:
+        results.add(
+            "memory_idle", target=name, **await idle_rss(service, url, plan.idle_connections)
+        )
+
+
+async def run_bare(bare: BarePipeline, plan: Plan, results: Results) -> None:
+    console.rule("[bold]bare homeserver pipeline (one event per message)")
+    r = await bare.latency(plan.latency_count, plan.latency_rate)
+    results.add(
+        "latency", target="bare", p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], received=r["received"]
+    )
+    for size in plan.pub_sizes:
+        r = await bare.single_event(size)
+        rounds = [x["ms"] for x in r["rounds"]]
+        results.add(
+            f"pub_{size}_event",
+            target="bare",
+            ms=statistics.median(rounds),
+            rounds_ms=[round(x, 1) for x in rounds],
+        )
+    for count in plan.bare_msg_counts:
+        r = await bare.messaging(count, 100)
+        results.add(f"msg_100_{count}", target="bare", ms=r["ms"], lost=r["lost"])
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def summarize(results: Results) -> list[dict[str, Any]]:
+    def find(test: str, target: str) -> dict[str, Any] | None:
+        return next((r for r in results.rows if r["test"] == test and r["target"] == target), None)
+
+    def value(row: dict[str, Any] | None, key: str) -> float | None:
+        return None if row is None else row.get(key)
+
+    checks: list[dict[str, Any]] = []
+
+    def check(
+        label: str,
+        node: float | None,
+        limit: float | None,
+        extra: dict[str, Any],
+        ok: Callable[[float, float], bool] = lambda v, t: v <= t,
+    ) -> None:
+        verdict = None if node is None or limit is None else ok(node, limit)
+        checks.append({"check": label, "node": node, "limit": limit, "met": verdict, **extra})
+
+    for test, key in (
+        ("alloc_hyperty_1_10000", "create_ms"),
+        ("msg_100_10000", "ms"),
+        ("msg_10000_10000", "ms"),
+        ("pub_10000_1000", "ms"),
+    ):
+        node, relay = find(test, "node"), find(test, "relay")
+        bare_row = (
+            find("msg_100_10000", "bare")
+            if test.startswith("msg")
+            else find("pub_10000_event", "bare")
+            if test.startswith("pub")
+            else None
+        )
+        lossless = node is None or (node.get("lost", 0) == 0 and node.get("out_of_order", 0) == 0)
+        check(
+            test,
+            value(node, key),
+            TARGETS.get(test),
+            {
+                "relay_same_run": value(relay, key),
+                "bare_same_run": value(bare_row, "ms"),
+                "nomatrix_reference": REFERENCE.get(test),
+                "lossless_in_order": lossless,
+            },
+        )
+    node_lat, bare_lat = find("latency", "node"), find("latency", "bare")
+    bare_p50 = value(bare_lat, "p50_ms")
+    check(
+        "latency_p50_vs_bare",
+        value(node_lat, "p50_ms"),
+        None if bare_p50 is None else 1.25 * bare_p50,
+        {"bare_p50_ms": bare_p50, "relay_p50_ms": value(find("latency", "relay"), "p50_ms")},
+    )
+    memory = find("memory_idle", "node")
+    check(
+        "memory_2000_idle_added_mb",
+        value(memory, "added_mb"),
+        200.0 if memory and memory.get("connections") == 2000 else None,
+        {"connections": value(memory, "connections")},
+    )
+    return checks
+
+
+def print_tables(results: Results, checks: list[dict[str, Any]]) -> None:
+    table = Table(title="measurements (ms unless noted)")
+    for col in ("test", "node", "relay (ceiling)", "bare pipeline", "NoMatrix ref."):
+        table.add_column(col, justify="right" if col != "test" else "left")
+    tests = dict.fromkeys(r["test"] for r in results.rows)
+    for test in tests:
+        cells = []
+        for target in ("node", "relay", "bare"):
+            row = next(
+                (r for r in results.rows if r["test"] == test and r["target"] == target), None
+            )
+            cells.append(_cell(row))
+        table.add_row(test, *cells, str(REFERENCE.get(test, "")))
+    console.print(table)
+    verdicts = Table(title="targets")
+    for col in ("check", "node", "limit", "met", "same-run baselines"):
+        verdicts.add_column(col)
+    for c in checks:
+        extra = {k: v for k, v in c.items() if k not in ("check", "node", "limit", "met")}
+        verdicts.add_row(
+            c["check"],
+            _fmt(c["node"]),
+            _fmt(c["limit"]),
+            {True: "[green]yes", False: "[red]NO", None: "—"}[c["met"]],
+            ", ".join(f"{k}={_fmt(v)}" for k, v in extra.items()),
+        )
+    console.print(verdicts)
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return ""
+    if "create_ms" in row:
+        return f"{row['create_ms']:.0f} / {row['delete_ms']:.0f} del"
+    if "p50_ms" in row:
+        return f"p50 {row['p50_ms']:.1f} p99 {row['p99_ms']:.1f}"
+    if "added_mb" in row:
+        return f"+{row['added_mb']:.0f} MB ({row['connections']} conns)"
+    lost = row.get("lost", 0)
+    if row.get("ms") is None:
+        return f"incomplete, lost {lost}"
+    return f"{row['ms']:.0f}" + (f" LOST {lost}" if lost else "")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """What every phase shares: tokens, registrations, the Synapse install, the plan."""
+
+    work: Path
+    python: Path
+    plan: Plan
+    results: Results
+    as_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    hs_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    node_as: int = field(default_factory=free_port)
+    bare_as: int = field(default_factory=free_port)
+
+    def register(self, bare: BarePipeline) -> None:
+        yaml = YAML()
+        yaml.dump(
+            build_registration(
+                appservice_id="rethink-mn",
+                url=f"http://127.0.0.1:{self.node_as}",
+                as_token=self.as_token,
+                hs_token=self.hs_token,
+                sender_localpart="_rethink_bot",
+                user_prefix="_rethink_",
+                alias_prefix="_rethink_",
+                server_name=SERVER_NAME,
+            ),
+            self.work / "node-registration.yaml",
+        )
+        yaml.dump(bare.registration(), self.work / "bare-registration.yaml")
+
+    @contextlib.asynccontextmanager
+    async def homeserver(self, phase: str) -> AsyncIterator[str]:
+        """A fresh Synapse for each phase, so every target is measured on an empty homeserver."""
+        settings = SynapseSettings(
+            data_dir=self.work / f"synapse-{phase}",
+            server_name=SERVER_NAME,
+            port=free_port(),
+            registration_file=self.work / "node-registration.yaml",
+            extra_registrations=(self.work / "bare-registration.yaml",),
+        )
+        write_homeserver_config(settings)
+        synapse = SynapseProcess(self.python, settings)
+        await asyncio.to_thread(synapse.generate_keys)
+        synapse.start()
+        try:
+            await synapse.wait_ready()
+            yield settings.url
+        finally:
+            await synapse.stop_async()
+
+    async def run_node_like(
+        self, name: str, command: Callable[[Path], list[str]], journal: bool
+    ) -> None:
+        """The node (or the relay) as its own process, against a fresh homeserver."""
+        async with self.homeserver(name) as hs_url:
+            as_port = self.node_as if name == "node" else free_port()
+            stub_port = free_port()
+            config = self.work / f"{name}.yaml"
+            write_config(
+                config,
+                hs_url,
+                as_port,
+                stub_port,
+                self.work / f"{name}.db",
+                self.as_token,
+                self.hs_token,
+                journal=journal,
+            )
+            cli = [sys.executable, "-m", "adapter.cli"]
+            await asyncio.to_thread(
+                subprocess.run,
+                [*cli, "-c", str(config), "db", "upgrade"],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
+            service = Service(
+                name,
+                command(config),
+                f"http://127.0.0.1:{as_port}/health",
+                self.work / f"{name}.log",
+            )
+            try:
+                await service.wait_healthy()
+                await run_scenarios(
+                    name,
+                    f"ws://127.0.0.1:{stub_port}/stub/connect",
+                    self.plan,
+                    self.results,
+                    service,
+                )
+            finally:
+                service.stop()
+
+
+async def main(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    results = Results(
+        started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        machine={
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "quick": args.quick,
+        },
+    )
+    work = Path(tempfile.mkdtemp(prefix="rethink-bench-"))
+    console.print(f"working directory {work}")
+    python = await asyncio.to_thread(ensure_synapse_installed, None, console.print)
+    stack = Stack(work, python, plan, results)
+    bare = BarePipeline(SERVER_NAME, "", stack.bare_as)
+    stack.register(bare)
+
+    await stack.run_node_like(
+        "node",
+        lambda cfg: [sys.executable, "-m", "adapter.cli", "-c", str(cfg), "run"],
+        journal=True,
+    )
+    # The relay holds the appservice's tokens only so its health probe is authenticated; the
+    # homeserver pushes nothing to it (the registration names the node's port).
+    await stack.run_node_like(
+        "relay",
+        lambda cfg: [sys.executable, str(ROOT / "bench" / "relay.py"), "-c", str(cfg)],
+        journal=False,
+    )
+    async with stack.homeserver("bare") as hs_url:
+        bare.homeserver_url = hs_url
+        async with bare:
+            await run_bare(bare, plan, results)
+
+    checks = summarize(results)
+    print_tables(results, checks)
+    out = args.out or ROOT / "bench" / "results" / f"bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "started": results.started,
+                "machine": results.machine,
+                "rows": results.rows,
+                "checks": checks,
+            },
+            indent=2,
+        )
+    )
+    console.print(f"results written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="reTHINK MN benchmark")
+    parser.add_argument("--quick", action="store_true", help="small smoke run")
+    parser.add_argument("--out", type=Path, help="JSON results file")
+    sys.exit(uvloop.run(main(parser.parse_args())))

@@ -1,0 +1,1 @@
+"""Alembic migrations for the node's database (SQLite and PostgreSQL)."""

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Second command of the README: install what the tests need and run all of them.
+# Needs: python3 (3.11+), Node.js 20 with npm, Java 17 (PySpark); installs Debian's chromium
+# for the browser tests when it is missing (as root, or through sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/bootstrap.sh --test
+
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "== installing Debian's chromium for the browser tests"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
+echo "== npm ci (stub_js, bench driver)"
+(cd stub_js && npm ci --no-audit --no-fund --loglevel=error)
+(cd bench && npm ci --no-audit --no-fund --loglevel=error)
+
+echo "== lint and types"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+
+echo "== stub_js tests (node --test)"
+(cd stub_js && npm test)
+
+echo "== Python tests (real Synapse, databases, Spark, Node.js, Chromium)"
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,430 @@
+/**
+ * reTHINK protocol stub for the Matrix-backed Message Node.
+ *
+ * A plain ES module with no build step: it loads unbundled in browsers (native WebSocket) and in
+ * Node.js (a global WebSocket, or the `ws` package imported lazily). The wire protocol it speaks is
+ * docs/stub-protocol.md in the node's repository.
+ */
+
+const STUB_NAME = 'MatrixProtoStub';
+const OPEN = 1; // WebSocket.OPEN in every implementation, usable before the constructor is loaded
+const CLOSE_NORMAL = 1000;
+const CLOSE_REPLACED = 4409;
+
+const DEFAULT_RECONNECT = { initialDelay: 500, maxDelay: 30_000, maxAttempts: Infinity };
+
+let wsImport; // the `ws` package, imported at most once
+
+export class MatrixProtoStub {
+  /**
+   * @param {string} runtimeProtoStubURL this stub's address, e.g. hyperty-runtime://example.com/protostub/1
+   * @param {{postMessage(msg: object): void, addListener(type: string, cb: (msg: object) => void): void}} bus
+   * @param {object} configuration see README.md
+   */
+  constructor(runtimeProtoStubURL, bus, configuration = {}) {
+    const config = configuration ?? {};
+    const nodeURL = config.messagingnode ?? config.url;
+    const handshake = config.handshake ?? 'v1';
+    if (!runtimeProtoStubURL) throw new TypeError('runtimeProtoStubURL is required');
+    if (typeof bus?.postMessage !== 'function' || typeof bus?.addListener !== 'function') {
+      throw new TypeError('bus must have postMessage() and addListener()');
+    }
+    if (!config.runtimeURL) throw new TypeError('configuration.runtimeURL is required');
+    if (!nodeURL) throw new TypeError('configuration.messagingnode (or url) is required');
+    if (handshake !== 'v1' && handshake !== 'v2') {
+      throw new TypeError(`configuration.handshake must be 'v1' or 'v2', not ${JSON.stringify(handshake)}`);
+    }
+
+    this.runtimeProtoStubURL = runtimeProtoStubURL;
+    this.runtimeURL = config.runtimeURL;
+    this.nodeURL = nodeURL;
+    this._bus = bus;
+    this._handshake = handshake;
+    this._hello = handshake === 'v2' && Boolean(config.hello);
+    this._handshakeTimeout = config.handshakeTimeout ?? 10_000;
+    this._disconnectTimeout = config.disconnectTimeout ?? 3_000;
+    this._reconnect = { ...DEFAULT_RECONNECT, ...config.reconnect };
+    this._WebSocket = config.WebSocket;
+    this._onError = config.onError ?? ((frame) => warn('the node reported an error', frame));
+
+    this._status = undefined;
+    this._conn = null; // the socket being set up or live, with its handshake state
+    this._queue = []; // runtime messages waiting for a live connection, in order
+    this._token = null; // session token from the node, presented again when reconnecting
+    this._active = false; // a connection is wanted: set on demand, cleared by disconnect or giving up
+    this._replaced = false; // closed with 4409: stay down until connect() is called explicitly
+    this._failures = 0; // consecutive failed attempts; drives the back-off and maxAttempts
+    this._retryTimer = null;
+    this._generation = 0; // lets an attempt that is still awaiting the `ws` import notice it was cancelled
+    this._waiters = []; // connect() callers
+    this._disconnecting = null;
+
+    this._postStatus('created');
+    bus.addListener('*', (msg) => this._onRuntimeMessage(msg));
+  }
+
+  /** The last status posted: created, in-progress, live, disconnected or failed. */
+  get status() {
+    return this._status;
+  }
+
+  /**
+   * Connects now rather than on the first message. Never rejects: resolves with the status the
+   * attempt ended in ('live', 'failed' or 'disconnected').
+   */
+  async connect() {
+    if (this._disconnecting) await this._disconnecting;
+    if (this._conn?.live) return 'live';
+    this._replaced = false;
+    const outcome = new Promise((resolve) => this._waiters.push(resolve));
+    this._start();
+    return outcome;
+  }
+
+  /**
+   * Tells the node to release this runtime's session, closes the socket and stops reconnecting.
+   * Never rejects. A message the runtime sends afterwards opens a fresh session.
+   */
+  disconnect() {
+    this._disconnecting ??= this._disconnect().finally(() => {
+      this._disconnecting = null;
+      if (this._queue.length) this._start(); // the runtime kept talking while we were closing
+    });
+    return this._disconnecting;
+  }
+
+  async _disconnect() {
+    const wasUp = this._active;
+    const conn = this._conn;
+    this._halt();
+    this._replaced = false;
+    this._token = null; // the session is released, its token names nothing any more
+    if (conn?.live && conn.ws.readyState === OPEN) {
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, this._disconnectTimeout);
+        conn.closing = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+        this._sendControl(conn, { cmd: 'disconnect', data: { runtimeURL: this.runtimeURL } });
+      });
+    }
+    if (conn) this._abandon(conn);
+    if (wasUp) this._postStatus('disconnected', 'disconnected by the runtime');
+    this._settleWaiters('disconnected');
+  }
+
+  _onRuntimeMessage(msg) {
+    if (msg === null || typeof msg !== 'object') return;
+    // It came from the node through this stub; sending it back would make a loop.
+    if (hasVia(msg, this.runtimeProtoStubURL)) return;
+    if (this._disconnecting) {
+      this._queue.push(msg); // goes out on a fresh session once the old one is released
+      return;
+    }
+    const conn = this._conn;
+    // Straight to the socket only when nothing older is still queued (a flush stops at a socket
+    // that is closing), so the runtime's messages keep their order.
+    if (conn?.live && this._queue.length === 0 && this._transmit(conn, msg)) return;
+    if (this._replaced) {
+      warn("dropping a message: this runtime's session moved to a newer connection");
+      return;
+    }
+    this._queue.push(msg);
+    this._start();
+  }
+
+  _start() {
+    if (this._active) return;
+    this._active = true;
+    this._failures = 0;
+    this._attempt();
+  }
+
+  _attempt() {
+    this._retryTimer = null;
+    this._open().catch((err) => warn('unexpected error while connecting', err));
+  }
+
+  async _open() {
+    const generation = ++this._generation;
+    this._postStatus('in-progress');
+    let WebSocketImpl;
+    try {
+      WebSocketImpl = await this._webSocketClass();
+    } catch (err) {
+      if (generation === this._generation) this._stop('failed', `no WebSocket implementation: ${err.message}`);
+      return;
+    }
+    if (generation !== this._generation || !this._active) return;
+
+    const conn = { ws: null, token: this._token, opened: false, live: false, error: null, timer: null, closing: null };
+    try {
+      conn.ws = new WebSocketImpl(this._endpoint(conn.token));
+    } catch (err) {
+      this._stop('failed', `cannot open ${this.nodeURL}: ${err.message}`);
+      return;
+    }
+    this._conn = conn;
+    conn.timer = setTimeout(() => {
+      if (conn !== this._conn) return;
+      this._abandon(conn);
+      this._attemptFailed(`no handshake within ${this._handshakeTimeout} ms`);
+    }, this._handshakeTimeout);
+    conn.ws.onopen = () => this._onOpen(conn);
+    conn.ws.onmessage = (event) => {
+      if (conn === this._conn) this._onFrame(conn, event.data);
+    };
+    conn.ws.onerror = (event) => {
+      conn.error = event;
+    };
+    conn.ws.onclose = (event) => this._onClose(conn, event);
+  }
+
+  async _webSocketClass() {
+    if (this._WebSocket) return this._WebSocket;
+    if (typeof globalThis.WebSocket === 'function') return globalThis.WebSocket;
+    // Node.js without a global WebSocket (before v22). Imported dynamically so that browsers,
+    // which have nothing called `ws` to resolve, can load this module as it is.
+    wsImport ??= import('ws').catch((err) => {
+      wsImport = undefined;
+      throw err;
+    });
+    const ws = await wsImport;
+    return ws.WebSocket ?? ws.default;
+  }
+
+  _endpoint(token) {
+    if (this._handshake === 'v1') return this.nodeURL;
+    let query = `runtimeURL=${encodeURIComponent(this.runtimeURL)}`;
+    if (token) query += `&token=${encodeURIComponent(token)}`;
+    if (this._hello) query += '&hello=1';
+    return `${this.nodeURL}${this.nodeURL.includes('?') ? '&' : '?'}${query}`;
+  }
+
+  _onOpen(conn) {
+    if (conn !== this._conn) return;
+    conn.opened = true;
+    if (this._handshake === 'v1') this._sendConnect(conn);
+    else if (!this._hello) this._goLive(conn);
+    // v2 with hello: the node's connect answer completes the handshake.
+  }
+
+  _sendConnect(conn) {
+    const data = { runtimeURL: this.runtimeURL };
+    if (conn.token) data.token = conn.token;
+    this._sendControl(conn, { cmd: 'connect', data });
+  }
+
+  _onFrame(conn, data) {
+    if (typeof data !== 'string') return warn('ignoring a binary frame');
+    let frame;
+    try {
+      frame = JSON.parse(data);
+    } catch {
+      return warn('ignoring a frame that is not JSON');
+    }
+    if (frame === null || typeof frame !== 'object' || Array.isArray(frame)) {
+      return warn('ignoring a frame that is not a JSON object');
+    }
+    if (isControlFrame(frame)) return this._onControl(conn, frame);
+    this._deliver(stampVia(frame, this.runtimeProtoStubURL));
+  }
+
+  _onControl(conn, frame) {
+    if (frame.cmd === 'connect') {
+      if (conn.live) return; // a repeated answer changes nothing
+      if (frame.response === 200) return this._goLive(conn, frame.data);
+      if (frame.response === 401 && conn.token) {
+        // A stale token: the node resumes by runtimeURL alone, so ask once more without one.
+        this._token = conn.token = null;
+        return this._sendConnect(conn);
+      }
+      this._abandon(conn);
+      return this._stop('failed', `handshake refused: ${describeAnswer(frame)}`);
+    }
+    if (frame.cmd === 'disconnect') return conn.closing?.();
+    this._onError(frame); // cmd:'error', or the answer to a command the node does not know
+  }
+
+  _goLive(conn, answer) {
+    conn.live = true;
+    clearTimeout(conn.timer);
+    this._failures = 0;
+    if (answer?.token) this._token = answer.token;
+    while (this._queue.length && this._transmit(conn, this._queue[0])) this._queue.shift();
+    this._postStatus('live', answer?.session ? `session ${answer.session}` : undefined);
+    this._settleWaiters('live');
+  }
+
+  _onClose(conn, event) {
+    clearTimeout(conn.timer);
+    if (conn.closing) return conn.closing(); // disconnect() is waiting for exactly this
+    if (conn !== this._conn) return;
+    this._conn = null;
+    const how = describeClose(event);
+    if (conn.live) return this._onLost(event.code, how);
+
+    const httpStatus = refusedWith(conn.error);
+    if (!conn.opened && this._handshake === 'v2' && conn.token) {
+      // Browsers hide the status of a refused upgrade, so an unexplained failure may be a 401 too;
+      // dropping the token costs nothing but the check it allows, since the node resumes without it.
+      if (httpStatus === 401 || !conn.error?.message) this._token = null;
+      if (httpStatus === 401) return this._attempt();
+    }
+    if (httpStatus >= 400 && httpStatus < 500 && httpStatus !== 408 && httpStatus !== 429) {
+      return this._stop('failed', `handshake refused: HTTP ${httpStatus}`);
+    }
+    this._attemptFailed(`could not connect to ${this.nodeURL} (${how})`);
+  }
+
+  _onLost(code, how) {
+    if (code === CLOSE_REPLACED) {
+      // Reconnecting would take the session back from the newer connection, and the two would
+      // alternate forever.
+      this._replaced = true;
+      return this._stop('disconnected', `replaced by a newer connection for this runtime (${how})`);
+    }
+    if (code === CLOSE_NORMAL) {
+      this._token = null; // the node closes normally only once it has released the session
+      return this._stop('disconnected', `closed by the node (${how})`);
+    }
+    this._postStatus('disconnected', `connection lost (${how}); reconnecting`);
+    this._scheduleRetry();
+  }
+
+  _attemptFailed(reason) {
+    this._failures += 1;
+    const limit = this._reconnect.maxAttempts; // 0, null or Infinity: no limit (JSON has no Infinity)
+    if (limit > 0 && this._failures >= limit) {
+      return this._stop('failed', `${reason}; gave up after ${this._failures} attempt(s)`);
+    }
+    this._scheduleRetry();
+  }
+
+  _scheduleRetry() {
+    const { initialDelay, maxDelay } = this._reconnect;
+    const ceiling = Math.min(maxDelay, initialDelay * 2 ** Math.max(0, this._failures - 1));
+    // Jitter spreads out the runtimes that all lost the same node at the same moment.
+    const delay = ceiling / 2 + (Math.random() * ceiling) / 2;
+    this._retryTimer = setTimeout(() => this._attempt(), delay);
+  }
+
+  /** Ends the connection cycle for good (until the next message or connect()) and says why. */
+  _stop(status, reason) {
+    if (this._conn) this._abandon(this._conn);
+    if (this._queue.length) warn(`dropping ${this._queue.length} unsent message(s): ${reason}`);
+    this._halt();
+    this._postStatus(status, reason);
+    this._settleWaiters(status);
+  }
+
+  _halt() {
+    this._active = false;
+    this._generation += 1;
+    clearTimeout(this._retryTimer);
+    this._retryTimer = null;
+    this._queue = [];
+  }
+
+  _abandon(conn) {
+    clearTimeout(conn.timer);
+    if (this._conn === conn) this._conn = null;
+    try {
+      conn.ws.close(CLOSE_NORMAL);
+    } catch {
+      // already closing; nothing left to release
+    }
+  }
+
+  /** False when the socket can no longer take the message, so the caller keeps it queued. */
+  _transmit(conn, msg) {
+    if (conn.ws.readyState !== OPEN) return false;
+    let text;
+    try {
+      text = JSON.stringify(msg);
+    } catch (err) {
+      warn(`dropping a message that cannot be serialised: ${err.message}`);
+      return true;
+    }
+    try {
+      conn.ws.send(text);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  _sendControl(conn, frame) {
+    try {
+      conn.ws.send(JSON.stringify(frame));
+    } catch {
+      // the close handler deals with a dead socket
+    }
+  }
+
+  _postStatus(value, desc) {
+    this._status = value;
+    const body = desc === undefined ? { value } : { value, desc };
+    this._deliver({ type: 'update', from: this.runtimeProtoStubURL, to: `${this.runtimeProtoStubURL}/status`, body });
+  }
+
+  _deliver(msg) {
+    try {
+      this._bus.postMessage(msg);
+    } catch (err) {
+      warn('the runtime bus threw while taking a message', err);
+    }
+  }
+
+  _settleWaiters(status) {
+    const waiters = this._waiters;
+    this._waiters = [];
+    for (const resolve of waiters) resolve(status);
+  }
+}
+
+/** The reTHINK runtime's entry point for loading a protocol stub. */
+export function activate(url, bus, config) {
+  return { name: STUB_NAME, instance: new MatrixProtoStub(url, bus, config) };
+}
+
+export default activate;
+
+function warn(...args) {
+  console.warn(`${STUB_NAME}:`, ...args);
+}
+
+// reTHINK messages have a `type`; control frames of the stub protocol never do.
+function isControlFrame(frame) {
+  return typeof frame.cmd === 'string' && frame.type === undefined;
+}
+
+function hasVia(msg, stubURL) {
+  const via = msg.body?.via;
+  return Array.isArray(via) ? via.includes(stubURL) : via === stubURL;
+}
+
+function stampVia(msg, stubURL) {
+  msg.body ??= {};
+  // A body that is not an object has nowhere to carry `via`; replacing it would corrupt the message.
+  if (typeof msg.body !== 'object' || Array.isArray(msg.body)) return msg;
+  const via = msg.body.via == null ? [] : [].concat(msg.body.via);
+  if (!via.includes(stubURL)) via.push(stubURL);
+  msg.body.via = via;
+  return msg;
+}
+
+// `ws` reports a refused upgrade as "Unexpected server response: 401"; browsers report no status.
+function refusedWith(errorEvent) {
+  const match = /Unexpected server response: (\d{3})/.exec(String(errorEvent?.message ?? ''));
+  return match ? Number(match[1]) : undefined;
+}
+
+function describeClose(event) {
+  return `code ${event.code}${event.reason ? `: ${event.reason}` : ''}`;
+}
+
+function describeAnswer(frame) {
+  return `${frame.response}${frame.desc ? ` ${frame.desc}` : ''}`;
+}

@@ -1,0 +1,165 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { RUNTIME_URL, STUB_URL, fakeBus, messagesOf, newStub, sleep, startFakeNode, until, within } from '../test-support/fake-node.js';
+
+async function nodeFor(t, options) {
+  const node = await startFakeNode(options);
+  t.after(() => node.close());
+  return node;
+}
+
+const msg = (id, extra = {}) => ({ id, type: 'create', from: 'hyperty://example.com/a', to: 'hyperty://example.com/b', ...extra });
+
+test('posts created, in-progress, live, disconnected as status updates addressed to <stubURL>/status', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+  assert.deepEqual(bus.statuses(), ['created']);
+
+  bus.send(msg(1));
+  await until(() => stub.status === 'live', 'live');
+  await stub.disconnect();
+
+  assert.deepEqual(bus.statuses(), ['created', 'in-progress', 'live', 'disconnected']);
+  for (const status of bus.statusMessages()) {
+    assert.equal(status.type, 'update');
+    assert.equal(status.from, STUB_URL);
+    assert.equal(status.to, `${STUB_URL}/status`);
+  }
+  assert.equal(bus.lastStatus().desc, 'disconnected by the runtime');
+});
+
+test('connects lazily, on the first outgoing message', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  await newStub(t, { bus, node });
+
+  await sleep(50);
+  assert.equal(node.connections.length, 0, 'no connection before a message');
+
+  bus.send(msg(1));
+  const conn = await until(() => node.connections[0], 'a connection');
+  await until(() => messagesOf(conn).length === 1, 'the message');
+  assert.deepEqual(messagesOf(conn), [msg(1)]);
+});
+
+test('queues messages sent before the handshake and flushes them in order after it', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+
+  for (let i = 1; i <= 5; i++) bus.send(msg(i, { body: { n: i } }));
+  assert.equal(stub.status, 'in-progress');
+  const conn = await until(() => node.connections[0], 'a connection');
+  await until(() => conn.frames.length === 6, 'connect + 5 messages');
+
+  assert.equal(conn.frames[0].cmd, 'connect', 'the handshake goes first');
+  assert.deepEqual(messagesOf(conn), [1, 2, 3, 4, 5].map((i) => msg(i, { body: { n: i } })));
+  assert.equal(node.connections.length, 1, 'several early messages still open one connection');
+});
+
+test('a runtime reacting to `live` does not overtake the queued messages', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const postMessage = bus.postMessage;
+  bus.postMessage = function (m) {
+    postMessage.call(this, m);
+    if (m.body?.value === 'live') bus.send(msg('after-live'));
+  };
+  await newStub(t, { bus, node });
+
+  bus.send(msg('queued'));
+  const conn = await until(() => node.connections[0], 'a connection');
+  await until(() => messagesOf(conn).length === 2, 'both messages');
+  assert.deepEqual(messagesOf(conn).map((m) => m.id), ['queued', 'after-live']);
+});
+
+test('disconnect() sends the disconnect command, posts disconnected and stops reconnecting', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+  bus.send(msg(1));
+  await until(() => stub.status === 'live', 'live');
+  const conn = node.connections[0];
+
+  await stub.disconnect();
+
+  assert.deepEqual(conn.frames.at(-1), { cmd: 'disconnect', data: { runtimeURL: RUNTIME_URL } });
+  assert.equal((await conn.closed).code, 1000);
+  assert.equal(stub.status, 'disconnected');
+  await sleep(100); // many back-off periods
+  assert.equal(node.connections.length, 1, 'no reconnect after disconnect()');
+  assert.deepEqual(bus.statuses(), ['created', 'in-progress', 'live', 'disconnected']);
+});
+
+test('disconnect() gives up waiting for an answer after disconnectTimeout and closes anyway', async (t) => {
+  const node = await nodeFor(t, { answerDisconnect: false });
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node, disconnectTimeout: 50 });
+  bus.send(msg(1));
+  await until(() => stub.status === 'live', 'live');
+
+  const started = Date.now();
+  await stub.disconnect();
+  const elapsed = Date.now() - started;
+
+  assert.ok(elapsed >= 45 && elapsed < 1000, `waited ${elapsed} ms`);
+  assert.deepEqual(node.connections[0].frames.at(-1).cmd, 'disconnect');
+  await node.connections[0].closed;
+  assert.equal(stub.status, 'disconnected');
+});
+
+test('after disconnect() the next message opens a fresh session without the old token', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+  bus.send(msg(1));
+  await until(() => stub.status === 'live', 'live');
+  await stub.disconnect();
+
+  bus.send(msg(2));
+  const second = await until(() => node.connections[1], 'a second connection');
+  await until(() => messagesOf(second).length === 1, 'the message');
+
+  assert.deepEqual(second.frames[0], { cmd: 'connect', data: { runtimeURL: RUNTIME_URL } });
+  assert.deepEqual(messagesOf(second), [msg(2)]);
+  assert.deepEqual(bus.statuses(), ['created', 'in-progress', 'live', 'disconnected', 'in-progress', 'live']);
+});
+
+test('a message sent while disconnect() is in flight goes out on a fresh session afterwards', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+  bus.send(msg(1));
+  await until(() => stub.status === 'live', 'live');
+
+  const closing = stub.disconnect();
+  bus.send(msg(2));
+  await closing;
+
+  assert.deepEqual(messagesOf(node.connections[0]), [msg(1)], 'not sent on the session being released');
+  const second = await until(() => node.connections[1], 'a second connection');
+  await until(() => messagesOf(second).length === 1, 'the message');
+  assert.deepEqual(messagesOf(second), [msg(2)]);
+});
+
+test('connect() connects without a message and resolves with the outcome', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+
+  assert.equal(await within(stub.connect(), 'connect()'), 'live');
+  assert.equal(node.connections.length, 1);
+  assert.equal(await within(stub.connect(), 'connect()'), 'live', 'already live');
+  assert.equal(node.connections.length, 1);
+});
+
+test('disconnect() before any connection is harmless and posts nothing', async (t) => {
+  const node = await nodeFor(t);
+  const bus = fakeBus();
+  const stub = await newStub(t, { bus, node });
+
+  await stub.disconnect();
+  assert.deepEqual(bus.statuses(), ['created']);
+  assert.equal(node.connections.length, 0);
+});

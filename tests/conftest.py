@@ -1,0 +1,192 @@
+"""Shared fixtures: a real Synapse for the whole session, nodes wired to it, real databases."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import pytest_asyncio
+import uvloop
+from ruamel.yaml import YAML
+
+from adapter.config import NodeConfig, parse_config
+from adapter.localstack.synapse import (
+    SynapseProcess,
+    SynapseSettings,
+    ensure_synapse_installed,
+    free_port,
+    write_homeserver_config,
+)
+from adapter.node import Node
+from adapter.storage import migrate
+from appservice.registration import build_registration
+
+SERVER_NAME = "mn.test"
+PG_DSN = os.environ.get("RETHINK_MN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """The tests run on the event loop the node runs on in production."""
+    return {"uvloop": uvloop.new_event_loop}
+
+
+@dataclass
+class Homeserver:
+    url: str
+    server_name: str
+    as_token: str
+    hs_token: str
+    appservice_port: int
+    process: SynapseProcess
+
+    def node_config(self, database_url: str, **overrides: Any) -> NodeConfig:
+        raw: dict[str, Any] = {
+            "domain": "mn.test",
+            "homeserver": {"url": self.url, "server_name": self.server_name},
+            "appservice": {
+                "as_token": self.as_token,
+                "hs_token": self.hs_token,
+                "listen": {"host": "127.0.0.1", "port": self.appservice_port},
+            },
+            "stub": {"listen": {"host": "127.0.0.1", "port": 0}},
+            "database": {"url": database_url},
+        }
+        for dotted, value in overrides.items():
+            node = raw
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return parse_config(raw, "test", environ={})
+
+
+@pytest.fixture(scope="session")
+def synapse_python() -> Path:
+    """The pinned Synapse, installed once into a cached virtualenv (not again on later runs)."""
+    return ensure_synapse_installed(log=lambda msg: print(f"[synapse] {msg}"))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def homeserver(
+    synapse_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Homeserver]:
+    data_dir = tmp_path_factory.mktemp("synapse")
+    as_port = free_port()
+    as_token, hs_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    registration = data_dir / "registration.yaml"
+    YAML().dump(
+        build_registration(
+            appservice_id="rethink-mn",
+            url=f"http://127.0.0.1:{as_port}",
+            as_token=as_token,
+            hs_token=hs_token,
+            sender_localpart="_rethink_bot",
+            user_prefix="_rethink_",
+            alias_prefix="_rethink_",
+            server_name=SERVER_NAME,
+        ),
+        registration,
+    )
+    settings = SynapseSettings(
+        data_dir=data_dir, server_name=SERVER_NAME, port=free_port(), registration_file=registration
+    )
+    write_homeserver_config(settings)
+    process = SynapseProcess(synapse_python, settings)
+    process.generate_keys()
+    process.start()
+    try:
+        await process.wait_ready()
+        yield Homeserver(settings.url, SERVER_NAME, as_token, hs_token, as_port, process)
+    finally:
+        await process.stop_async()
+
+
+# -- databases ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Databases:
+    tmp: Path
+    created_pg: list[str] = field(default_factory=list)
+
+    def sqlite(self) -> str:
+        return f"sqlite:///{self.tmp / f'node-{uuid.uuid4().hex[:8]}.db'}"
+
+    async def postgres(self) -> str:
+        """A fresh, empty PostgreSQL database (dropped after the test)."""
+        name = f"rethink_test_{uuid.uuid4().hex[:10]}"
+        try:
+            conn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True, connect_timeout=5)
+        except psycopg.OperationalError as exc:
+            pytest.skip(f"PostgreSQL not reachable at {PG_DSN} ({exc}); PostgreSQL tests skipped")
+        async with conn:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        self.created_pg.append(name)
+        return PG_DSN.rsplit("/", 1)[0] + f"/{name}"
+
+    async def drop_all(self) -> None:
+        if not self.created_pg:
+            return
+        conn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True, connect_timeout=5)
+        async with conn:
+            for name in self.created_pg:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def databases(tmp_path: Path) -> AsyncIterator[Databases]:
+    dbs = Databases(tmp_path)
+    yield dbs
+    await dbs.drop_all()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def database_url(databases: Databases, db_backend: str) -> str:
+    url = databases.sqlite() if db_backend == "sqlite" else await databases.postgres()
+    await migrate.upgrade(url)
+    return url
+
+
+# -- nodes -------------------------------------------------------------------------------------
+
+NodeFactory = Callable[..., Awaitable[Node]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def start_node(homeserver: Homeserver) -> AsyncIterator[NodeFactory]:
+    """Start nodes against the session's homeserver; every node is stopped after the test.
+
+    Only one node can serve the appservice port at a time (the homeserver pushes to it), so a
+    test restarting "the node" stops the old one before starting the new one."""
+    nodes: list[Node] = []
+
+    async def start(database_url: str, **overrides: Any) -> Node:
+        node = Node(homeserver.node_config(database_url, **overrides))
+        await node.start()
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        await node.stop()
+
+
+@pytest.fixture
+def chromium() -> Iterator[str]:
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists():
+        pytest.skip("Debian's chromium is not installed (the test setup installs it)")
+    yield path

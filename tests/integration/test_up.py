@@ -1,0 +1,124 @@
+"""`rethink-mn up`: the whole local stack from one command, and a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from adapter.localstack.synapse import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone as far as we are concerned.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+async def test_up_runs_synapse_and_node_then_stops_cleanly(
+    synapse_python: Path, tmp_path: Path
+) -> None:
+    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
+    (tmp_path / "config.yaml").write_text(
+        f"homeserver:\n  url: http://127.0.0.1:{hs_port}\n"
+        f"appservice:\n  as_token: up-test-as-token-000000\n  hs_token: up-test-hs-token-000000\n"
+        f"  listen:\n    port: {as_port}\n"
+        f"stub:\n  listen:\n    port: {stub_port}\n"
+        "database:\n  url: sqlite:///var/node.db\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adapter.cli", "up"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        report = None
+        deadline = time.monotonic() + 120
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    async with session.get(f"http://127.0.0.1:{as_port}/health") as resp:
+                        if resp.status == 200:
+                            report = await resp.json()
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.3)
+        assert report is not None, f"no healthy node; exit={proc.poll()}"
+        assert report["checks"]["homeserver"]["ok"] and report["checks"]["database"]["ok"]
+        assert (tmp_path / "var/registration.yaml").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    match = re.search(r"Synapse is up \(pid (\d+)\)", output)
+    assert match, output
+    synapse_pid = int(match.group(1))
+    assert f"ws://127.0.0.1:{stub_port}/stub/connect" in output
+    assert not _alive(synapse_pid), "Synapse outlived `up`"
+
+
+async def test_up_refuses_a_remote_homeserver(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "homeserver:\n  url: https://matrix.example.org\n"
+        "appservice:\n  as_token: up-test-as-token-000000\n  hs_token: up-test-hs-token-000000\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "adapter.cli", "up"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "runs a local homeserver" in result.stderr
+
+
+async def test_killing_up_leaves_no_synapse_behind(synapse_python: Path, tmp_path: Path) -> None:
+    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
+    (tmp_path / "config.yaml").write_text(
+        f"homeserver:\n  url: http://127.0.0.1:{hs_port}\n"
+        f"appservice:\n  as_token: up-test-as-token-000000\n  hs_token: up-test-hs-token-000000\n"
+        f"  listen:\n    port: {as_port}\n"
+        f"stub:\n  listen:\n    port: {stub_port}\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "adapter.cli",
+        "up",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    synapse_pid = None
+    async with asyncio.timeout(120):
+        while synapse_pid is None:
+            line = (await proc.stdout.readline()).decode()
+            assert line, "up exited before Synapse started"
+            if match := re.search(r"Synapse is up \(pid (\d+)\)", line):
+                synapse_pid = int(match.group(1))
+    assert _alive(synapse_pid)
+    proc.kill()  # SIGKILL: no chance to clean up; the kernel's parent-death signal must do it
+    await proc.wait()
+    async with asyncio.timeout(20):
+        while _alive(synapse_pid):
+            await asyncio.sleep(0.2)

@@ -1,0 +1,145 @@
+"""A minimal reTHINK runtime for tests: one stub connection spoken from Python."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+class PyRuntime:
+    """Connects like a stub (v2 handshake by default), sends reTHINK messages and collects what
+    the node delivers. ``requests`` answers the node's MN services return."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, stub_url: str, runtime_url: str) -> None:
+        self.stub_url = stub_url
+        self.runtime_url = runtime_url
+        self.stub_address = runtime_url.replace("runtime://", "hyperty-runtime://") + "/protostub"
+        self.session: aiohttp.ClientSession | None = None
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.frames: list[str] = []
+        self.connect_answer: dict[str, Any] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self.close_code: int | None = None
+
+    async def connect(self, handshake: str = "v2", token: str | None = None) -> PyRuntime:
+        self.session = self.session or aiohttp.ClientSession()
+        if handshake == "v2":
+            params = {"runtimeURL": self.runtime_url}
+            if token:
+                params["token"] = token
+            self.ws = await self.session.ws_connect(self.stub_url, params=params)
+        else:
+            self.ws = await self.session.ws_connect(self.stub_url)
+            data: dict[str, Any] = {"runtimeURL": self.runtime_url}
+            if token:
+                data["token"] = token
+            await self.ws.send_str(orjson.dumps({"cmd": "connect", "data": data}).decode())
+            answer = await self.ws.receive_json(timeout=10)
+            self.connect_answer = answer
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        assert self.ws is not None
+        async for frame in self.ws:
+            if frame.type == aiohttp.WSMsgType.TEXT:
+                self.frames.append(frame.data)
+                await self.inbox.put(orjson.loads(frame.data))
+        self.close_code = self.ws.close_code
+
+    async def send(self, message: dict[str, Any] | str) -> None:
+        assert self.ws is not None
+        text = message if isinstance(message, str) else orjson.dumps(message).decode()
+        await self.ws.send_str(text)
+
+    async def receive(self, timeout: float = 10.0) -> Any:
+        return await asyncio.wait_for(self.inbox.get(), timeout)
+
+    async def receive_n(self, n: int, timeout: float = 20.0) -> list[Any]:
+        async with asyncio.timeout(timeout):
+            return [await self.inbox.get() for _ in range(n)]
+
+    async def nothing_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self.inbox.get(), seconds)
+        except TimeoutError:
+            return True
+        return False
+
+    async def request(
+        self,
+        to: str,
+        type_: str,
+        body: dict[str, Any] | None = None,
+        from_: str | None = None,
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        msg_id = next(self._ids)
+        message: dict[str, Any] = {
+            "id": msg_id,
+            "type": type_,
+            "from": from_ or f"{self.stub_address}/registry/allocation",
+            "to": to,
+        }
+        if body is not None:
+            message["body"] = body
+        await self.send(message)
+        async with asyncio.timeout(timeout):
+            while True:
+                answer = await self.inbox.get()
+                if answer.get("id") == msg_id and answer.get("type") == "response":
+                    return dict(answer)
+
+    async def allocate(
+        self,
+        domain: str,
+        number: int = 1,
+        scheme: str = "hyperty",
+        endpoint: str = "hyperty-address-allocation",
+        key: str | None = None,
+    ) -> list[str]:
+        value: dict[str, Any] = {"number": number}
+        if key:
+            value["allocationKey"] = key
+        answer = await self.request(
+            f"domain://msg-node.{domain}/{endpoint}", "create", {"scheme": scheme, "value": value}
+        )
+        assert answer["body"]["code"] == 200, answer
+        return list(answer["body"]["value"]["allocated"])
+
+    async def disconnect(self) -> None:
+        if self.ws is not None and not self.ws.closed:
+            await self.ws.send_str(
+                orjson.dumps(
+                    {"cmd": "disconnect", "data": {"runtimeURL": self.runtime_url}}
+                ).decode()
+            )
+            with _suppress():
+                await asyncio.wait_for(self._reader or asyncio.sleep(0), 5)
+        await self.close()
+
+    async def drop(self) -> None:
+        """Close the socket without `disconnect` (a network loss, as the node sees it)."""
+        if self.ws is not None:
+            await self.ws.close()
+        if self._reader is not None:
+            with _suppress():
+                await asyncio.wait_for(self._reader, 5)
+
+    async def close(self) -> None:
+        await self.drop()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+
+def _suppress() -> contextlib.suppress:
+    return contextlib.suppress(Exception)

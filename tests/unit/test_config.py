@@ -1,0 +1,110 @@
+"""Configuration validation: errors name the offending key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adapter.config import ConfigError, load_config, parse_config
+
+TOKENS = {"as_token": "a" * 20, "hs_token": "h" * 20}
+
+
+def minimal(**appservice: object) -> dict[str, object]:
+    return {"appservice": {**TOKENS, **appservice}}
+
+
+def error_of(raw: object, environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, "cfg.yaml", environ=environ or {})
+    return str(info.value)
+
+
+def test_minimal_config_gets_documented_defaults() -> None:
+    cfg = parse_config(minimal(), environ={})
+    assert cfg.homeserver.url == "http://127.0.0.1:8008"
+    assert cfg.appservice.listen.port == 8009
+    assert cfg.appservice.url == "http://127.0.0.1:8009"
+    assert cfg.stub.listen.port == 9090
+    assert cfg.database.url == "sqlite:///var/rethink-mn.db"
+
+
+def test_example_config_is_valid_and_complete() -> None:
+    example = Path(__file__).parents[2] / "config.example.yaml"
+    cfg = load_config(example, environ={})
+    assert cfg.domain == "localhost"
+    # Every key of the model appears in the example (it documents every key).
+    text = example.read_text()
+    for section in (
+        "homeserver",
+        "appservice",
+        "stub",
+        "database",
+        "logging",
+        "routing",
+        "policy",
+        "registry",
+        "global_registry",
+    ):
+        model = getattr(cfg, section)
+        for key in type(model).model_fields:
+            assert f"{key}:" in text, f"{section}.{key} is not documented in config.example.yaml"
+
+
+def test_unknown_key_is_named() -> None:
+    msg = error_of({**minimal(), "homeserver": {"url": "http://x", "colour": "blue"}})
+    assert "homeserver.colour: unknown key" in msg
+
+
+def test_wrong_type_is_named() -> None:
+    msg = error_of({**minimal(), "stub": {"listen": {"port": "9090"}}})
+    assert "stub.listen.port" in msg
+    msg = error_of({**minimal(), "stub": {"max_frame_bytes": 12.5}})
+    assert "stub.max_frame_bytes" in msg
+
+
+def test_missing_token_is_named_with_its_environment_variable() -> None:
+    msg = error_of({"appservice": {"as_token": "a" * 20}})
+    assert "appservice.hs_token: missing" in msg
+    assert "RETHINK_MN_HS_TOKEN" in msg
+
+
+def test_bad_urls_are_named() -> None:
+    assert "homeserver.url" in error_of({**minimal(), "homeserver": {"url": "localhost:8008"}})
+    assert "homeserver.url" in error_of({**minimal(), "homeserver": {"url": "ftp://h"}})
+    assert "homeserver.url" in error_of({**minimal(), "homeserver": {"url": "http://h:99999"}})
+    assert "appservice.public_url" in error_of(minimal(public_url="not a url"))
+    assert "database.url" in error_of({**minimal(), "database": {"url": "mysql://x/y"}})
+
+
+def test_token_rules() -> None:
+    assert "appservice.as_token" in error_of(
+        {"appservice": {"as_token": "short", "hs_token": "h" * 20}}
+    )
+    assert "must differ" in error_of({"appservice": {"as_token": "x" * 20, "hs_token": "x" * 20}})
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert "mapping" in error_of(["a", "b"])
+
+
+def test_environment_overrides_secrets() -> None:
+    env = {"RETHINK_MN_AS_TOKEN": "e" * 20, "RETHINK_MN_DATABASE_URL": "postgresql://db/x"}
+    cfg = parse_config(minimal(), environ=env)
+    assert cfg.appservice.as_token == "e" * 20
+    assert cfg.database.url == "postgresql://db/x"
+    # Tokens may come only from the environment.
+    cfg = parse_config(
+        {}, environ={"RETHINK_MN_AS_TOKEN": "e" * 20, "RETHINK_MN_HS_TOKEN": "f" * 20}
+    )
+    assert cfg.appservice.hs_token == "f" * 20
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("appservice: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, environ={})

@@ -1,0 +1,69 @@
+"""The Database: worker threads with group commit, and run_small's inline path on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import IntegrityError
+
+from adapter.storage.database import Database
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    await database.run(lambda c: c.exec_driver_sql("CREATE TABLE t (x INTEGER PRIMARY KEY)"))
+    yield database
+    await database.dispose()
+
+
+def insert(x: int) -> Callable[[Connection], object]:
+    return lambda conn: conn.execute(text("INSERT INTO t VALUES (:x)"), {"x": x})
+
+
+def thread_name(conn: Connection) -> str:
+    conn.execute(text("INSERT INTO t VALUES (100)"))
+    return threading.current_thread().name
+
+
+async def test_run_small_runs_inline_when_the_lock_is_free(db: Database) -> None:
+    assert await db.run_small(thread_name) == "MainThread"
+
+
+async def test_run_small_goes_to_the_worker_while_another_writer_holds_the_lock(
+    db: Database,
+) -> None:
+    release = threading.Event()
+    locked = threading.Event()
+
+    def hold_lock(conn: Connection) -> None:
+        conn.execute(text("INSERT INTO t VALUES (1)"))
+        locked.set()
+        release.wait(10)
+
+    # A writer on the worker thread holds the lock for a while...
+    holder = asyncio.create_task(db.run(hold_lock))
+    await asyncio.to_thread(locked.wait, 10)
+    # ...so run_small must not wait for it on the event loop: it queues behind it instead.
+    small = asyncio.create_task(db.run_small(thread_name))
+    await asyncio.sleep(0.05)
+    assert not small.done()
+    release.set()
+    await holder
+    assert (await small).startswith("db-")
+    rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
+    assert rows == [1, 100]
+
+
+async def test_run_small_raises_real_errors(db: Database) -> None:
+    await db.run_small(insert(7))
+    with pytest.raises(IntegrityError):
+        await db.run_small(insert(7))
+    # The failed transaction left the inline connection usable.
+    await db.run_small(insert(8))

@@ -1,0 +1,84 @@
+"""StubConnection's flow control, against a fake socket whose reader we control."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from adapter.stub.connection import CLOSE_POLICY, StubConnection
+
+
+class FakeTransport:
+    def get_write_buffer_size(self) -> int:
+        return 1 << 30  # always full: every frame goes through the backlog
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (0, 64 * 1024)
+
+
+class FakeWebSocket:
+    """Writes a frame only when the test lets the reader read one."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.sent: list[bytes] = []
+        self.reader = asyncio.Semaphore(0)
+        self.close_code: int | None = None
+
+    async def send_frame(self, payload: bytes, _opcode: Any) -> None:
+        await self.reader.acquire()
+        self.sent.append(payload)
+
+    async def close(self, code: int, message: bytes) -> None:
+        self.closed = True
+        self.close_code = code
+
+
+class FakeRequest:
+    transport = FakeTransport()
+    remote = "127.0.0.1"
+
+
+def connection(ws: FakeWebSocket, handed_back: list[str], slow: float) -> StubConnection:
+    return StubConnection(
+        ws,
+        FakeRequest(),
+        max_backlog_bytes=4000,  # type: ignore[arg-type]
+        on_overflow=handed_back.extend,
+        slow_seconds=slow,
+    )
+
+
+async def test_a_send_waits_for_a_reader_far_behind_then_goes_on() -> None:
+    ws, back = FakeWebSocket(), []
+    conn = connection(ws, back, slow=5)
+    assert await conn.send("a" * 600)  # below the soft limit (1,000): returns at once
+    waiting = asyncio.create_task(conn.send("b" * 600))  # over it: waits for the reader
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    ws.reader.release()  # the reader catches up
+    ws.reader.release()
+    assert await asyncio.wait_for(waiting, 2)
+    assert ws.sent == [b"a" * 600, b"b" * 600]
+    assert back == [] and not ws.closed
+
+
+async def test_a_reader_that_stays_behind_is_disconnected_and_nothing_is_lost() -> None:
+    ws, back = FakeWebSocket(), []
+    conn = connection(ws, back, slow=0.1)
+    await conn.send("x" * 600)
+    assert await conn.send("y" * 600)  # waits 0.1 s, then gives up on this reader
+    await asyncio.sleep(0.05)
+    assert ws.closed and ws.close_code == CLOSE_POLICY
+    # What it had not received is handed back to be kept for its resume, in order.
+    assert back == ["x" * 600, "y" * 600]
+
+
+async def test_the_hard_limit_disconnects_at_once() -> None:
+    ws, back = FakeWebSocket(), []
+    conn = connection(ws, back, slow=5)
+    sends = [asyncio.create_task(conn.send(str(i) * 900)) for i in range(5)]  # 4,500 > 4,000
+    await asyncio.wait_for(asyncio.gather(*sends), 2)
+    await asyncio.sleep(0.05)
+    assert ws.closed
+    assert "".join(back) == "".join(str(i) * 900 for i in range(5))
