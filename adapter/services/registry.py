@@ -81,6 +81,33 @@ class _Relay:
     def configured(self) -> bool:
         return self._base_url is not None
 
+    not_configured: str = "registry not configured"
+
+    def _call(self, message: Message) -> RestCall:
+        raise NotImplementedError
+
+    def _reply(self, call: RestCall, answer: RestAnswer) -> ServiceReply:
+        raise NotImplementedError
+
+    async def handle(self, message: Message, requester: Requester) -> ServiceReply:
+        try:
+            return await self._handle(message)
+        except Exception:  # a connector bug must cost one answer, not the session
+            log.exception("registry_connector_failed", service=self.name, id=message.id)
+            return ServiceReply(500, desc=f"{self.name} connector failed")
+
+    async def _handle(self, message: Message) -> ServiceReply:
+        if not self.configured:
+            return ServiceReply(NOT_CONFIGURED_CODE, desc=self.not_configured)
+        try:
+            call = self._call(message)
+        except BadRegistryRequest as bad:
+            return ServiceReply(bad.code, desc=bad.desc)
+        answer = await self._relay(message, call)
+        if isinstance(answer, ServiceReply):
+            return answer
+        return self._reply(call, answer)
+
     async def _relay(self, message: Message, call: RestCall) -> RestAnswer | ServiceReply:
         assert self._base_url is not None
         try:
@@ -112,24 +139,12 @@ class DomainRegistryConnector(_Relay):
     """``domain://registry.<domain>``: create/read/update/delete on dev-registry-domain."""
 
     name = "domain registry"
+    not_configured = DOMAIN_NOT_CONFIGURED
 
-    async def handle(self, message: Message, requester: Requester) -> ServiceReply:
-        try:
-            return await self._handle(message)
-        except Exception:  # a connector bug must cost one answer, not the session
-            log.exception("registry_connector_failed", service=self.name, id=message.id)
-            return ServiceReply(500, desc="domain registry connector failed")
+    def _call(self, message: Message) -> RestCall:
+        return domain_call(message)
 
-    async def _handle(self, message: Message) -> ServiceReply:
-        if not self.configured:
-            return ServiceReply(NOT_CONFIGURED_CODE, desc=DOMAIN_NOT_CONFIGURED)
-        try:
-            call = domain_call(message)
-        except BadRegistryRequest as bad:
-            return ServiceReply(bad.code, desc=bad.desc)
-        answer = await self._relay(message, call)
-        if isinstance(answer, ServiceReply):
-            return answer
+    def _reply(self, call: RestCall, answer: RestAnswer) -> ServiceReply:
         return domain_reply(call, answer)
 
 
@@ -138,24 +153,12 @@ class GlobalRegistryConnector(_Relay):
     ``PUT {GR}/guid/{guid}`` with the signed JWT as the raw request body."""
 
     name = "global registry"
+    not_configured = GLOBAL_NOT_CONFIGURED
 
-    async def handle(self, message: Message, requester: Requester) -> ServiceReply:
-        try:
-            return await self._handle(message)
-        except Exception:  # a connector bug must cost one answer, not the session
-            log.exception("registry_connector_failed", service=self.name, id=message.id)
-            return ServiceReply(500, desc="global registry connector failed")
+    def _call(self, message: Message) -> RestCall:
+        return global_call(message)
 
-    async def _handle(self, message: Message) -> ServiceReply:
-        if not self.configured:
-            return ServiceReply(NOT_CONFIGURED_CODE, desc=GLOBAL_NOT_CONFIGURED)
-        try:
-            call = global_call(message)
-        except BadRegistryRequest as bad:
-            return ServiceReply(bad.code, desc=bad.desc)
-        answer = await self._relay(message, call)
-        if isinstance(answer, ServiceReply):
-            return answer
+    def _reply(self, call: RestCall, answer: RestAnswer) -> ServiceReply:
         return global_reply(call, answer)
 
 

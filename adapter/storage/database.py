@@ -237,7 +237,14 @@ class Database:
                     return
                 group = self._gather(job)
                 if conn is None or conn.invalidated or conn.closed:
-                    conn = self._connect()
+                    try:
+                        conn = self._connect()
+                    except Exception as exc:  # noqa: BLE001 - the database is down
+                        # Fail this group rather than the thread: its callers get the error
+                        # now, and the next job tries to connect again.
+                        conn = None
+                        self._settle(group, dict.fromkeys(range(len(group)), (None, exc)))
+                        continue
                 self._run_group(conn, group)
         finally:
             if conn is not None:
@@ -295,6 +302,10 @@ class Database:
             outcomes = {
                 i: (None, (outcomes.get(i) or (None, None))[1] or exc) for i in range(len(group))
             }
+        self._settle(group, outcomes)
+
+    @staticmethod
+    def _settle(group: list[_Job], outcomes: dict[int, tuple[Any, BaseException | None]]) -> None:
         for index, job in enumerate(group):
             value, error = outcomes[index]
             with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown

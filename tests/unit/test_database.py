@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from sqlalchemy import Connection, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from adapter.storage.database import Database
 
@@ -67,3 +67,16 @@ async def test_run_small_raises_real_errors(db: Database) -> None:
         await db.run_small(insert(7))
     # The failed transaction left the inline connection usable.
     await db.run_small(insert(8))
+
+
+async def test_an_unreachable_database_fails_the_call_and_keeps_the_workers(
+    tmp_path: Path,
+) -> None:
+    # Port 1 on loopback refuses at once: the database server is down.
+    database = Database("postgresql+psycopg://nobody@127.0.0.1:1/none", workers=1)
+    try:
+        for _ in range(2):  # the second call proves the worker thread survived the first
+            with pytest.raises(OperationalError):
+                await asyncio.wait_for(database.run(lambda c: c.execute(text("SELECT 1"))), 10)
+    finally:
+        await database.dispose()
