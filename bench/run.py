@@ -573,8 +573,21 @@ class Stack:
                 service.stop()
 
 
+def ensure_driver_installed() -> None:
+    """The driver needs the ``ws`` package pinned in bench/package-lock.json."""
+    if (ROOT / "bench" / "node_modules" / "ws").is_dir():
+        return
+    console.print("installing the load driver's packages (npm ci in bench/)")
+    subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=ROOT / "bench",
+        check=True,
+    )
+
+
 async def main(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
+    await asyncio.to_thread(ensure_driver_installed)
     results = Results(
         started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         machine={
