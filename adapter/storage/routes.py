@@ -56,6 +56,9 @@ class RouteStore:
         self._add_one = Prepared(
             db, insert(_A).values({c.key: bindparam(c.key) for c in columns}), columns
         )
+        self._remove_one = Prepared(
+            db, delete(_A).where(_A.address == bindparam("address")), [mapped["address"]]
+        )
         self._subscribe = upsert(db.dialect, _Sub, ["address", "session_id"])
         self._learn = upsert(db.dialect, _L, ["address"], update=["session_id", "updated_at"])
 
@@ -77,7 +80,7 @@ class RouteStore:
         ]
         if len(rows) == 1:
             # The common case, once per allocation request: the prepared fast path.
-            await self._db.run_small(lambda conn: self._add_one.execute(conn, rows[0]))
+            await self._db.execute_small(self._add_one, rows[0])
         elif len(rows) <= SMALL:
             await self._db.run_small(lambda conn: conn.execute(_ADD_ALLOCATION, rows))
         else:
@@ -86,7 +89,10 @@ class RouteStore:
     async def remove_allocations(self, session_id: int, addresses: Iterable[str]) -> None:
         """Remove addresses the routing table found allocated to ``session_id``."""
         params = {"addresses": list(addresses)}
-        if params["addresses"]:
+        if len(params["addresses"]) == 1:
+            # One address per delete request is the common case: the prepared fast path.
+            await self._db.execute_small(self._remove_one, {"address": params["addresses"][0]})
+        elif params["addresses"]:
             await self._db.run_small(lambda conn: conn.execute(_REMOVE_ALLOCATIONS, params))
 
     async def allocations(self) -> list[AllocationRow]:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import Connection, text
+from sqlalchemy import Column, Connection, Integer, MetaData, Table, bindparam, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from adapter.storage.database import Database
+from adapter.storage.database import Database, Prepared
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -80,3 +81,39 @@ async def test_an_unreachable_database_fails_the_call_and_keeps_the_workers(
                 await asyncio.wait_for(database.run(lambda c: c.execute(text("SELECT 1"))), 10)
     finally:
         await database.dispose()
+
+
+def prepared_insert(db: Database) -> Prepared:
+    table = Table("t", MetaData(), Column("x", Integer, primary_key=True))
+    return Prepared(db, table.insert().values(x=bindparam("x")), [table.c.x])
+
+
+async def test_execute_small_commits_inline_and_rolls_back_on_error(db: Database) -> None:
+    insert_x = prepared_insert(db)
+    await db.execute_small(insert_x, {"x": 1})
+    with pytest.raises(sqlite3.IntegrityError):
+        await db.execute_small(insert_x, {"x": 1})
+    # The failed statement's transaction was rolled back: the connection takes the next one.
+    await db.execute_small(insert_x, {"x": 2})
+    rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
+    assert rows == [1, 2]
+
+
+async def test_execute_small_queues_behind_another_writer(db: Database) -> None:
+    release, locked = threading.Event(), threading.Event()
+
+    def hold_lock(conn: Connection) -> None:
+        conn.execute(text("INSERT INTO t VALUES (1)"))
+        locked.set()
+        release.wait(10)
+
+    holder = asyncio.create_task(db.run(hold_lock))
+    await asyncio.to_thread(locked.wait, 10)
+    small = asyncio.create_task(db.execute_small(prepared_insert(db), {"x": 2}))
+    await asyncio.sleep(0.05)
+    assert not small.done()  # waiting for the worker, not blocking the event loop
+    release.set()
+    await holder
+    await small
+    rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
+    assert rows == [1, 2]
