@@ -101,6 +101,10 @@ def create_engine(url: str, echo: bool = False) -> Engine:
     return engine
 
 
+# A statement's parameters: one row, or several for executemany.
+Rows = dict[str, Any] | list[dict[str, Any]]
+
+
 class Prepared:
     """A statement compiled once for the database's dialect and run on the driver's cursor.
 
@@ -120,23 +124,27 @@ class Prepared:
             if (processor := column.type.dialect_impl(dialect).bind_processor(dialect))
         }
 
-    def execute(self, conn: Connection, params: dict[str, Any]) -> None:
+    def execute(self, conn: Connection, params: Rows) -> None:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
         self.execute_on_driver(dbapi, params)
 
-    def execute_on_driver(self, dbapi: Any, params: dict[str, Any]) -> None:
-        args: Any = {
-            name: processor(params[name]) if (processor := self._processors.get(name)) else value
-            for name, value in params.items()
-        }
-        if self._order is not None:
-            args = tuple(args[n] for n in self._order)
+    def execute_on_driver(self, dbapi: Any, params: Rows) -> None:
         cursor = dbapi.cursor()
         try:
-            cursor.execute(self._sql, args)
+            if isinstance(params, dict):
+                cursor.execute(self._sql, self._args(params))
+            else:
+                cursor.executemany(self._sql, [self._args(row) for row in params])
         finally:
             cursor.close()
+
+    def _args(self, params: dict[str, Any]) -> Any:
+        args = {
+            name: processor(value) if (processor := self._processors.get(name)) else value
+            for name, value in params.items()
+        }
+        return tuple(args[n] for n in self._order) if self._order is not None else args
 
 
 def upsert(dialect: str, entity: Any, keys: list[str], update: list[str] | None = None) -> Insert:
@@ -231,9 +239,9 @@ class Database:
                     raise
         return await self.run(fn)
 
-    async def execute_small(self, statement: Prepared, params: dict[str, Any]) -> None:
-        """One prepared statement in a transaction of its own: ``run_small`` for the single
-        writes on a request's hot path (one allocation, one delete).
+    async def execute_small(self, statement: Prepared, params: Rows) -> None:
+        """One prepared statement (for one row or a few) in a transaction of its own:
+        ``run_small`` for the writes on a request's hot path (an allocation, a delete).
 
         On SQLite with the write lock free, BEGIN/COMMIT go straight to the driver, skipping
         SQLAlchemy's transaction bookkeeping and events, which cost as much as SQLite's own

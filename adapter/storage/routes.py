@@ -78,22 +78,22 @@ class RouteStore:
             }
             for a in addresses
         ]
-        if len(rows) == 1:
-            # The common case, once per allocation request: the prepared fast path.
-            await self._db.execute_small(self._add_one, rows[0])
-        elif len(rows) <= SMALL:
-            await self._db.run_small(lambda conn: conn.execute(_ADD_ALLOCATION, rows))
+        if len(rows) <= SMALL:
+            # Once per allocation request: the prepared fast path.
+            await self._db.execute_small(self._add_one, _one_or_many(rows))
         else:
             await self._db.run(lambda conn: conn.execute(_ADD_ALLOCATION, rows))
 
     async def remove_allocations(self, session_id: int, addresses: Iterable[str]) -> None:
         """Remove addresses the routing table found allocated to ``session_id``."""
-        params = {"addresses": list(addresses)}
-        if len(params["addresses"]) == 1:
-            # One address per delete request is the common case: the prepared fast path.
-            await self._db.execute_small(self._remove_one, {"address": params["addresses"][0]})
-        elif params["addresses"]:
-            await self._db.run_small(lambda conn: conn.execute(_REMOVE_ALLOCATIONS, params))
+        rows = [{"address": a} for a in addresses]
+        if len(rows) <= SMALL:
+            # Once per delete request: the prepared fast path.
+            if rows:
+                await self._db.execute_small(self._remove_one, _one_or_many(rows))
+        else:
+            params = {"addresses": [row["address"] for row in rows]}
+            await self._db.run(lambda conn: conn.execute(_REMOVE_ALLOCATIONS, params))
 
     async def allocations(self) -> list[AllocationRow]:
         def op(conn: Connection) -> list[AllocationRow]:

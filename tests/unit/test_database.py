@@ -95,8 +95,12 @@ async def test_execute_small_commits_inline_and_rolls_back_on_error(db: Database
         await db.execute_small(insert_x, {"x": 1})
     # The failed statement's transaction was rolled back: the connection takes the next one.
     await db.execute_small(insert_x, {"x": 2})
+    # Several rows: all or none.
+    with pytest.raises(sqlite3.IntegrityError):
+        await db.execute_small(insert_x, [{"x": 3}, {"x": 2}])
+    await db.execute_small(insert_x, [{"x": 3}, {"x": 4}])
     rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
-    assert rows == [1, 2]
+    assert rows == [1, 2, 3, 4]
 
 
 async def test_execute_small_queues_behind_another_writer(db: Database) -> None:
