@@ -63,6 +63,7 @@ class _Relay:
     """What the REST connectors share: the back end, the session, the failure mapping."""
 
     name: str = "registry"
+    not_configured: str = "registry not configured"
 
     def __init__(
         self,
@@ -80,8 +81,6 @@ class _Relay:
     @property
     def configured(self) -> bool:
         return self._base_url is not None
-
-    not_configured: str = "registry not configured"
 
     def _call(self, message: Message) -> RestCall:
         raise NotImplementedError
