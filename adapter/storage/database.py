@@ -7,9 +7,10 @@ A lone operation costs one thread hop and one commit; a burst (1,000 runtimes su
 once) costs one commit for all. SQLite gets one worker, the single writer SQLite wants;
 PostgreSQL a few.
 
-One exception, measured (see ``run_small``): on SQLite the one- or two-statement writes of a
-request's hot path (an allocation, a subscription) run on the event loop itself when the write
-lock is free, because there they cost less than the two thread wake-ups of a hop.
+One exception, measured (see ``run_small`` and ``execute_small``): on SQLite the one- or
+two-statement writes of a request's hot path (an allocation, a subscription) run on the event
+loop itself when the write lock is free, because there they cost less than the two thread
+wake-ups of a hop.
 """
 
 from __future__ import annotations
@@ -227,7 +228,8 @@ class Database:
         cache (~30-80 us), and it never waits for a lock (busy timeout 0). On this kind of
         machine a hop to the worker thread and back costs more than that (two thread wake-ups
         of ~50-100 us each): 10,000 sequential allocations took 2.8 s through the worker and
-        1.8 s here. When the lock is held, or on PostgreSQL, it is ``run``."""
+        1.8 s here, on an earlier build (the allocation's own write now uses
+        ``execute_small``). When the lock is held, or on PostgreSQL, it is ``run``."""
         inline = self._inline
         if inline is not None and not self._closed:
             try:

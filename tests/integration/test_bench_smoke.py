@@ -48,3 +48,18 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
             assert (test, target) in tests, (test, target)
     assert all(r.get("lost", 0) == 0 and r.get("out_of_order", 0) == 0 for r in rows), rows
     assert {c["check"] for c in report["checks"]} >= {"msg_100_10000", "latency_p50_vs_bare"}
+
+
+async def test_unknown_benchmark_group_is_refused() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "bench/run.py",
+        "--only",
+        "messaging,bogus",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "--only takes allocation, bare, latency, memory, messaging, publication" in err.decode()
