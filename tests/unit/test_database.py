@@ -37,8 +37,9 @@ async def test_run_small_runs_inline_when_the_lock_is_free(db: Database) -> None
     assert await db.run_small(thread_name) == "MainThread"
 
 
-async def test_run_small_goes_to_the_worker_while_another_writer_holds_the_lock(
-    db: Database,
+@pytest.mark.parametrize("path", ["run_small", "execute_small"])
+async def test_small_writes_go_to_the_worker_while_another_writer_holds_the_lock(
+    db: Database, path: str
 ) -> None:
     release = threading.Event()
     locked = threading.Event()
@@ -51,13 +52,19 @@ async def test_run_small_goes_to_the_worker_while_another_writer_holds_the_lock(
     # A writer on the worker thread holds the lock for a while...
     holder = asyncio.create_task(db.run(hold_lock))
     await asyncio.to_thread(locked.wait, 10)
-    # ...so run_small must not wait for it on the event loop: it queues behind it instead.
-    small = asyncio.create_task(db.run_small(thread_name))
+    # ...so a small write must not wait for it on the event loop: it queues behind it instead.
+    small = asyncio.create_task(
+        db.run_small(thread_name)
+        if path == "run_small"
+        else db.execute_small(prepared_insert(db), {"x": 100})
+    )
     await asyncio.sleep(0.05)
     assert not small.done()
     release.set()
     await holder
-    assert (await small).startswith("db-")
+    ran_on = await small
+    if path == "run_small":
+        assert ran_on.startswith("db-")
     rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
     assert rows == [1, 100]
 
@@ -101,23 +108,3 @@ async def test_execute_small_commits_inline_and_rolls_back_on_error(db: Database
     await db.execute_small(insert_x, [{"x": 3}, {"x": 4}])
     rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
     assert rows == [1, 2, 3, 4]
-
-
-async def test_execute_small_queues_behind_another_writer(db: Database) -> None:
-    release, locked = threading.Event(), threading.Event()
-
-    def hold_lock(conn: Connection) -> None:
-        conn.execute(text("INSERT INTO t VALUES (1)"))
-        locked.set()
-        release.wait(10)
-
-    holder = asyncio.create_task(db.run(hold_lock))
-    await asyncio.to_thread(locked.wait, 10)
-    small = asyncio.create_task(db.execute_small(prepared_insert(db), {"x": 2}))
-    await asyncio.sleep(0.05)
-    assert not small.done()  # waiting for the worker, not blocking the event loop
-    release.set()
-    await holder
-    await small
-    rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
-    assert rows == [1, 2]
