@@ -87,10 +87,11 @@ class RouteStore:
     async def remove_allocations(self, session_id: int, addresses: Iterable[str]) -> None:
         """Remove addresses the routing table found allocated to ``session_id``."""
         rows = [{"address": a} for a in addresses]
+        if not rows:
+            return
         if len(rows) <= SMALL:
             # Once per delete request: the prepared fast path.
-            if rows:
-                await self._db.execute_small(self._remove_one, _one_or_many(rows))
+            await self._db.execute_small(self._remove_one, _one_or_many(rows))
         else:
             params = {"addresses": [row["address"] for row in rows]}
             await self._db.run(lambda conn: conn.execute(_REMOVE_ALLOCATIONS, params))
