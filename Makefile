@@ -1,6 +1,12 @@
-# The two commands of the README.
-.PHONY: up test
+# The two commands of the README, and the fast inner loop.
+.PHONY: up up-two-domains test test-fast
 up:
 	scripts/up.sh
+# Two reTHINK domains, each with its Synapse and node, federating over loopback.
+up-two-domains:
+	scripts/up.sh --two-domains
 test:
 	scripts/test.sh
+# Lint, types, layering, the stub's Node tests and the unit tests (no Synapse): seconds.
+test-fast:
+	scripts/test.sh --fast

@@ -66,6 +66,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="run the node against the configured homeserver")
 
+    from .policies.cli import add_parser as add_policy_parser
+
+    add_policy_parser(sub)
+
     export = sub.add_parser(
         "export", help="write the rooms' events as a Parquet dataset (incremental)"
     )
@@ -95,6 +99,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default=Path("var"),
         help="where the local homeserver, registration and database live (./var)",
     )
+    up.add_argument(
+        "--two-domains",
+        action="store_true",
+        help="two reTHINK domains (a.localhost, b.localhost), each with its Synapse and node, "
+        "federating over loopback (configs under <state-dir>/domain-a|b/)",
+    )
     return parser
 
 
@@ -120,6 +130,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
             return await _db(args, load_config(args.config))
         if args.command == "run":
             return await _run(load_config(args.config))
+        if args.command == "policy":
+            from .policies import cli as policy_cli
+
+            return await policy_cli.run(args, load_config(args.config), err)
         if args.command == "analyze":
             return await _analyze(args)
         if args.command == "dashboard":
@@ -131,9 +145,11 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "export":
             return await _export(args, load_config(args.config))
         if args.command == "up":
-            from .localstack.up import up
+            from .localstack.up import up, up_two_domains
 
             _configure_logging_for_up(args)
+            if args.two_domains:
+                return await up_two_domains(args.state_dir, _say)
             return await up(args.config, args.state_dir, _say)
     except LocalStackError as exc:
         err.print(f"[bold red]error[/]: {exc}")

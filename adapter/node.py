@@ -1,18 +1,20 @@
 """The composition root: builds the node's parts from its configuration, wires them together
 and runs their listeners. Nothing here decides anything about messages.
 
-Message path, for a reader finding their way:
-  stub frame → stub/endpoint.py → routing/ingress.py (decide) → routing/stream.py (outbox, to
-  Matrix) … homeserver … appservice/server.py → inbound.py → routing/delivery.py → sessions.py
-  (socket, or kept for resume).
+The walk of one routed message, for a reader finding their way:
+  stub/endpoint.py (frame in) → routing/ingress.py (decided) → routing/lanes.py (leaves for
+  Matrix; the homeserver persists the event) → routing/delivery.py → sessions/mailbox.py (to the
+  destination's socket, or kept for its resume).
+Events other nodes' runtimes send (federation) come in through appservice/server.py →
+routing/inbound.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import weakref
+import secrets
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
@@ -27,30 +29,51 @@ from appservice.intent import AppserviceAPI
 from appservice.metrics import AppserviceMetrics
 from appservice.server import AppserviceServer
 
+from . import carrier
+from .carrier import Sender
 from .config import NodeConfig
-from .inbound import InboundEvents
+from .identity.authenticator import Authenticator
+from .identity.matrix import MatrixTokenVerifier
+from .identity.model import Identity
+from .identity.oidc import OidcVerifier
 from .namespace import NamespaceQueries
 from .observability import HealthEndpoints, NodeMetrics
-from .policy import PolicyEngine
-from .routing import carrier
+from .policies.api import PolicyApi
+from .policies.engine import PolicyEngine as RuleEngine
+from .policies.store import PolicyStore
 from .routing.delivery import Delivery
+from .routing.federation import Federation, PeerFeeds
+from .routing.inbound import InboundEvents
 from .routing.ingress import Ingress, ServiceDirectory
 from .routing.journal import Journal
+from .routing.lanes import Lane, Lanes, Outboxes
+from .routing.peers import Peers
+from .routing.policy import PolicyEngine
+from .routing.publisher import NODE_ORIGIN, Publisher
+from .routing.recovery import LaneRecovery
 from .routing.rooms import RoomDirectory
+from .routing.settlement import Settlement
 from .routing.stream import BatchStream, StreamLimits, Traffic
-from .routing.table import RoutingTable
+from .routing_table import RoutingTable
 from .services.allocation import ENDPOINTS, AllocationService
 from .services.connectors import build_connectors
+from .services.idm import IdmService
+from .services.registry import domain_registry_address, node_addresses
+from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from .services.subscriptions import SubscriptionService
-from .sessions import Session, SessionManager
+from .sessions.registry import Lifecycle, SessionRegistry
+from .sessions.tokens import SessionTokens
+from .storage.checkpoints import CheckpointStore
 from .storage.database import Database
 from .storage.pending import PendingStore
+from .storage.remote import RemoteSubscriptionStore
 from .storage.rooms import RoomStore
 from .storage.routes import RouteStore
+from .storage.secrets import SecretStore
 from .storage.sessions import SessionStore
 from .storage.transactions import SqlTransactionStore
+from .stub.acks import AckSender
 from .stub.endpoint import StubEndpoint
-from .stub.tokens import SessionTokens
 from .web_endpoints import WebPages
 
 log = structlog.get_logger(__name__)
@@ -59,144 +82,196 @@ TRANSACTION_RETENTION = timedelta(days=7)
 MAINTENANCE_INTERVAL = 3600.0
 EXPIRY_INTERVAL = 60.0
 SHUTDOWN_FLUSH_SECONDS = 10.0
+# After the lanes are flushed at shutdown, how long live stubs get to acknowledge the last
+# deliveries before what they have not acknowledged is stored for their resume.
+SHUTDOWN_ACK_SECONDS = 1.0
+# Pending connections the kernel queues per listener (capped by net.core.somaxconn).
+LISTEN_BACKLOG = 4096
 # The journal is for audit and analytics, not for latency: at most four events a second.
 JOURNAL_INTERVAL = 0.25
 
+# Builds the outbound seam from the delivery side; the default is the lanes through Matrix.
+OutboxesFactory = Callable[[Delivery], Outboxes]
+
 
 class Node:
-    def __init__(self, config: NodeConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        metrics_registry: CollectorRegistry | None = None,
+        outboxes: OutboxesFactory | None = None,
+    ) -> None:
         self.config = config
-        self.registry = registry or CollectorRegistry()
-        self.metrics = NodeMetrics(self.registry)
-        self.as_metrics = AppserviceMetrics(self.registry)
-        self.db = Database(config.database.url, echo=config.database.echo)
-        self.transactions = SqlTransactionStore(self.db)
-        self.session_store = SessionStore(self.db)
+        cfg = config
+        collector = metrics_registry or CollectorRegistry()
+        self.metrics = NodeMetrics(collector)
+        self.as_metrics = AppserviceMetrics(collector)
+
+        # Storage.
+        self.db = Database(
+            cfg.database.url,
+            echo=cfg.database.echo,
+            synchronous_commit=cfg.database.synchronous_commit,
+        )
+        self._session_rows = SessionStore(self.db)
+        self._pending = PendingStore(self.db)
+        self._checkpoints = CheckpointStore(self.db)
+        self._secrets = SecretStore(self.db)
+        self._transactions = SqlTransactionStore(self.db)
         self.routes = RouteStore(self.db)
+
+        # The homeserver, through one pooled HTTP session for every request.
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300)
+        )
+        self.api = AppserviceAPI(
+            HomeserverClient(
+                cfg.homeserver.url,
+                cfg.appservice.as_token,
+                self._http,
+                metrics=self.as_metrics,
+                max_retries=cfg.homeserver.max_retries,
+                request_timeout=cfg.homeserver.request_timeout_seconds,
+            ),
+            cfg.homeserver.server_name,
+            cfg.appservice.sender_localpart,
+        )
+        self.rooms = RoomDirectory(
+            self.api, RoomStore(self.db), cfg.appservice.user_prefix, cfg.appservice.alias_prefix
+        )
+
+        # Routing state and sessions.
         self.table = RoutingTable()
-        self.policy = PolicyEngine(config.policy, self.table)
+        # The operator's rules, managed at run time through the policy API (stored).
+        self.rules = RuleEngine()
+        self._rule_store = PolicyStore(self.db, self.rules)
+        self.policy = PolicyEngine(cfg.policy, self.table, node_addresses(cfg.domain), self.rules)
+        self.settlement = Settlement(self._checkpoints, self.metrics)
+        self._acks = AckSender()
+        self._background: set[asyncio.Task[None]] = set()
+        self._tokens = SessionTokens(cfg.stub.session_secret, cfg.stub.session_ttl_seconds)
+        lifecycle = Lifecycle(
+            added=[lambda s: self.table.add_runtime(s.id, s.runtime_url)],
+            released=[
+                lambda s: self.table.remove_session(s.id),
+                lambda s: self.policy.forget(s.id),
+            ],
+        )
+        self.sessions = SessionRegistry(
+            self._session_rows,
+            self._pending,
+            self._tokens,
+            self.rooms.virtual_user,
+            self.metrics.stub_connections,
+            cfg.stub.session_ttl_seconds,
+            lifecycle,
+            self.settlement.mailbox_dirty,
+            self._acks.mark,
+        )
+
+        # The message walk: journal, delivery, lanes (the outbound seam), ingress.
+        self._traffic = Traffic()
+        self.journal = Journal(self._journal_stream() if cfg.routing.journal else None)
+        self.delivery = Delivery(
+            self.table, self.sessions, self.journal, self.metrics, {}, cfg.quotas.waiting_bytes
+        )
+        self.lanes: Lanes | None = None
+        if outboxes is None:
+            self.lanes = self._build_lanes()
+            self.outboxes: Outboxes = self.lanes
+        else:
+            self.outboxes = outboxes(self.delivery)
+        # Other reTHINK domains, through Matrix federation (none unless configured).
+        self.federation: Federation | None = None
+        if cfg.federation.enabled:
+            self.federation = Federation(
+                Peers(cfg.federation, cfg.domain, self._http),
+                self.rooms,
+                self.api.bot,
+                self.metrics,
+                self._stream_limits(),
+                self._traffic,
+            )
+        self.publisher = Publisher(
+            self.outboxes,
+            Sender(NODE_ORIGIN, domain_registry_address(cfg.domain), self.api.bot.user_id),
+            self.table,
+            self.federation,
+        )
+        # The domain registry, answered from the node's database unless one is configured.
+        self.registry: BuiltinRegistry | None = build_builtin_registry(
+            cfg.registry, self.db, self.publisher.registration_status
+        )
+        if self.registry is not None:
+            self._follow_presence(lifecycle, self.registry)
+        self._connectors = build_connectors(
+            cfg, self._http, self.registry.service if self.registry is not None else None
+        )
+        self.peer_feeds: PeerFeeds | None = None
+        self._remote_subscriptions = RemoteSubscriptionStore(self.db)
+        if self.federation is not None:
+            self.peer_feeds = PeerFeeds(
+                cfg.domain,
+                self.federation,
+                self.rooms,
+                self.api.bot,
+                self.delivery,
+                self.settlement,
+                self.table,
+                self._remote_subscriptions,
+                self.policy,
+                self.publisher,
+                self._connectors[0],
+                self.metrics,
+            )
+        self.ingress = Ingress(
+            self.table,
+            self._services(),
+            self.outboxes,
+            self.journal,
+            self.routes,
+            self.policy,
+            self.delivery.routed_through,
+            self.metrics,
+            cfg.quotas,
+            self._waiting_bytes,
+            cfg.routing.backpressure_seconds,
+            self.federation,
+        )
         self.inbound = InboundEvents(self.metrics)
-        self._http: aiohttp.ClientSession | None = None
+        if self.peer_feeds is not None:
+            self.inbound.subscribe("m.room.member", self.peer_feeds.on_member_events)
+            self.inbound.subscribe(carrier.BATCH_EVENT, self.peer_feeds.on_batch_events)
+        self.stub_endpoint = StubEndpoint(
+            cfg.stub,
+            cfg.domain,
+            self.sessions,
+            self.ingress,
+            self._authenticator(),
+            self.journal,
+            self._acks,
+            self.metrics,
+            cfg.routing.max_backlog_bytes_per_connection,
+        )
+
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[Any]] = []
-        # Streams still sending; a released runtime's outbox drops out once drained.
-        self._streams: weakref.WeakSet[BatchStream[Any]] = weakref.WeakSet()
-        self._message_encoder = carrier.MessageEncoder()
-        self._traffic = Traffic()
-        self.api: AppserviceAPI | None = None
-        self.sessions: SessionManager | None = None
-        self.rooms: RoomDirectory | None = None
-        self.journal: Journal | None = None
         self.running = False
         self.appservice_port: int | None = None
         self.stub_port: int | None = None
 
-    # -- lifecycle --------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        cfg = self.config
-        self.api = self._build_homeserver_client()
-        self.rooms = RoomDirectory(
-            self.api,
-            RoomStore(self.db),
-            cfg.appservice.user_prefix,
-            cfg.appservice.alias_prefix,
-        )
-        self.sessions = SessionManager(
-            self.session_store,
-            PendingStore(self.db),
-            self.table,
-            SessionTokens(cfg.stub.session_secret, cfg.stub.session_ttl_seconds),
-            self.rooms.virtual_user,
-            self.metrics,
-            cfg.stub.session_ttl_seconds,
-            on_release=self.policy.forget,
-        )
-        await self._load_state()
-        self.journal = Journal(self._journal_stream() if cfg.routing.journal else None)
-        ingress = self._build_ingress()
-        delivery = Delivery(self.api, self.table, self.sessions, self.journal, self.metrics)
-        self.inbound.subscribe(carrier.BATCH_EVENT, delivery.on_batch_events)
-
-        as_app = web.Application(client_max_size=cfg.appservice.max_body_bytes)
-        queries = NamespaceQueries(self.api, self.session_store, cfg.appservice.user_prefix)
-        AppserviceServer(
-            cfg.appservice.hs_token, self.inbound, self.transactions, queries, self.as_metrics
-        ).add_routes(as_app)
-        HealthEndpoints(
-            {"homeserver": self._probe_homeserver, "database": self._probe_database}, self.metrics
-        ).add_routes(as_app)
-        self.appservice_port = await self._listen(
-            as_app, cfg.appservice.listen.host, cfg.appservice.listen.port
-        )
-
-        stub_app = web.Application()
-        WebPages(cfg.domain).add_routes(stub_app)
-        StubEndpoint(
-            cfg.stub,
-            cfg.domain,
-            self.sessions,
-            ingress,
-            self.metrics,
-            cfg.routing.max_backlog_bytes_per_connection,
-        ).add_routes(stub_app)
-        self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
-
-        self.running = True
-        self._tasks += [
-            asyncio.create_task(self._ping_homeserver(), name="hs-ping"),
-            asyncio.create_task(self._maintenance(), name="maintenance"),
-            asyncio.create_task(self._expire_sessions(), name="session-expiry"),
-        ]
-        log.info(
-            "node started",
-            appservice=f"http://{cfg.appservice.listen.host}:{self.appservice_port}",
-            stub=f"ws://{cfg.stub.listen.host}:{self.stub_port}/stub/connect",
-            homeserver=cfg.homeserver.url,
-            sessions=len(self.sessions),
-        )
-
-    def _build_homeserver_client(self) -> AppserviceAPI:
-        cfg = self.config
-        # One pooled session for every virtual user; keep-alive connections to the homeserver.
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300)
-        )
-        client = HomeserverClient(
-            cfg.homeserver.url,
-            cfg.appservice.as_token,
-            self._http,
-            metrics=self.as_metrics,
-            max_retries=cfg.homeserver.max_retries,
-            request_timeout=cfg.homeserver.request_timeout_seconds,
-        )
-        return AppserviceAPI(client, cfg.homeserver.server_name, cfg.appservice.sender_localpart)
-
-    async def _load_state(self) -> None:
-        """The routing table as the database left it: sessions detached, routes intact."""
-        assert self.sessions is not None
-        await self.sessions.load()
-        by_key: dict[tuple[int, str | None], list[str]] = {}
-        for row in await self.routes.allocations():
-            by_key.setdefault((row.session_id, row.allocation_key), []).append(row.address)
-        for (session_id, key), addresses in by_key.items():
-            self.table.add_allocations(session_id, addresses, key)
-        for address, session_id in await self.routes.subscriptions():
-            self.table.subscribe(session_id, [address])
-        for address, session_id in await self.routes.learned():
-            self.table.learn(session_id, address)
+    # -- parts --------------------------------------------------------------------------------
 
     def _stream_limits(self, min_interval: float = 0.0) -> StreamLimits:
         r = self.config.routing
         return StreamLimits(
             max_batch_bytes=r.max_batch_bytes,
-            max_queued_bytes=r.max_queued_bytes_per_runtime,
+            max_queued_bytes=r.max_queued_bytes_per_lane,
             min_interval=min_interval,
         )
 
     def _journal_stream(self) -> BatchStream[bytes]:
-        assert self.rooms is not None
-        stream: BatchStream[bytes] = BatchStream(
+        return BatchStream(
             "journal",
             carrier.JournalEncoder(),
             dict,
@@ -206,103 +281,268 @@ class Node:
             traffic=self._traffic,
             background=True,
         )
-        self._streams.add(stream)
-        return stream
 
-    def outbox_for(self, session: Session) -> BatchStream[carrier.Outgoing]:
-        """The runtime's outbox: its messages, in order, into its room (created on first use)."""
-        if session.outbox is None:
-            rooms = self.rooms
-            assert rooms is not None
-            url, session_id = session.runtime_url, session.id
-            seq = itertools.count(1)
-            session.outbox = BatchStream(
-                f"outbox-{session_id}",
-                self._message_encoder,
-                lambda: {"runtime": url, "seq": next(seq)},
-                lambda refresh: rooms.outbox(url, session_id, refresh),
-                self.metrics,
-                self._stream_limits(),
-                traffic=self._traffic,
-            )
-            self._streams.add(session.outbox)
-        return session.outbox
+    def _build_lanes(self) -> Lanes:
+        return Lanes(
+            [
+                Lane(
+                    index,
+                    self.rooms.lane,
+                    self.delivery,
+                    self.settlement.ledger,
+                    self.metrics,
+                    self._stream_limits(),
+                    self._traffic,
+                )
+                for index in range(self.config.routing.lanes)
+            ]
+        )
 
-    def _build_ingress(self) -> Ingress:
+    def _services(self) -> ServiceDirectory:
         cfg = self.config
-        assert self.journal is not None and self._http is not None
         services = ServiceDirectory(cfg.domain)
+        on_quota = self._quota_refused
         allocation = AllocationService(
-            cfg.domain, self.table, self.routes, cfg.routing.max_allocation_block
+            cfg.domain,
+            self.table,
+            self.routes,
+            cfg.routing.max_allocation_block,
+            cfg.quotas.addresses,
+            on_quota,
         )
         for endpoint in ENDPOINTS:
             services.add_endpoint(endpoint, allocation)
-        services.add_endpoint("sm", SubscriptionService(self.table, self.routes))
-        services.set_connectors(*build_connectors(cfg, self._http))
-        return Ingress(
-            self.table,
-            services,
-            self.outbox_for,
-            self.journal,
-            self.routes,
-            self.policy,
-            self.metrics,
-            cfg.routing.backpressure_seconds,
+        services.add_endpoint(
+            "sm",
+            SubscriptionService(
+                self.table,
+                self.routes,
+                cfg.quotas.subscriptions,
+                on_quota,
+                self.peer_feeds.subscription_changed if self.peer_feeds is not None else None,
+            ),
         )
+        registry, global_registry, unknown = self._connectors
+        services.set_connectors(registry, global_registry, IdmService(self._identity_of), unknown)
+        return services
+
+    def _quota_refused(self, quota: str) -> None:
+        self.metrics.quota_refusals.labels(quota).inc()
+
+    def _waiting_bytes(self, session_id: int) -> int:
+        session = self.sessions.get(session_id)
+        return session.mailbox.waiting_bytes if session is not None else 0
+
+    async def _policy_changed(self, action: str, rule_id: str | None, rule: Any) -> None:
+        self.journal.policy(action, rule_id, rule)
+        log.info("policy changed", action=action, rule=rule_id)
+
+    def _authenticator(self) -> Authenticator:
+        auth = self.config.auth
+        oidc = None
+        if auth.oidc is not None:
+            oidc = OidcVerifier(
+                self._http,
+                issuer=auth.oidc.issuer,
+                audience=auth.oidc.audience,
+                jwks_uri=auth.oidc.jwks_uri,
+                algorithms=auth.oidc.algorithms,
+            )
+        return Authenticator(
+            auth.mode, MatrixTokenVerifier(self._http, self.config.homeserver.url), oidc
+        )
+
+    async def _identity_of(self, origin: str) -> Identity | None:
+        """The identity the runtime behind ``origin`` (its runtime URL or an address it owns)
+        proved, for the IdM's assertion checks."""
+        owner = self.table.owner(origin)
+        session = self.sessions.get(owner) if owner is not None else None
+        return session.identity if session is not None else None
+
+    def _follow_presence(self, lifecycle: Lifecycle, registry: BuiltinRegistry) -> None:
+        """Registrations follow their runtime's connection. A stop of the node itself is not
+        the runtimes going away: they reconnect to the next run."""
+        presence = registry.presence
+
+        def when_running(hook: Callable[[str], Coroutine[Any, Any, None]]) -> Any:
+            return lambda s: self._spawn(hook(s.runtime_url)) if self.running else None
+
+        lifecycle.detached.append(when_running(presence.runtime_detached))
+        lifecycle.attached.append(when_running(presence.runtime_resumed))
+        lifecycle.released.append(when_running(presence.runtime_released))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        await self._load_state()
+
+        as_app = web.Application(client_max_size=cfg.appservice.max_body_bytes)
+        queries = NamespaceQueries(self.api, self._session_rows, cfg.appservice.user_prefix)
+        AppserviceServer(
+            cfg.appservice.hs_token, self.inbound, self._transactions, queries, self.as_metrics
+        ).add_routes(as_app)
+        HealthEndpoints(
+            {"homeserver": self._probe_homeserver, "database": self._probe_database}, self.metrics
+        ).add_routes(as_app)
+        if self.registry is not None:
+            if self.registry.rest_api is not None:
+                self.registry.rest_api.add_routes(as_app)
+            self.registry.start()
+        if cfg.policy_api.token is not None:
+            as_app.add_routes(
+                PolicyApi(self._rule_store, cfg.policy_api.token, self._policy_changed).routes()
+            )
+        self.appservice_port = await self._listen(
+            as_app, cfg.appservice.listen.host, cfg.appservice.listen.port
+        )
+
+        stub_app = web.Application()
+        WebPages(cfg.domain).add_routes(stub_app)
+        self.stub_endpoint.add_routes(stub_app)
+        self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
+
+        self.running = True
+        self._tasks += [
+            asyncio.create_task(self._ping_homeserver(), name="hs-ping"),
+            asyncio.create_task(self._maintenance(), name="maintenance"),
+            asyncio.create_task(self._expire_sessions(), name="session-expiry"),
+            asyncio.create_task(self.settlement.run(), name="checkpoints"),
+        ]
+        positions = await self._checkpoints.positions()
+        if self.lanes is not None:
+            recovery = LaneRecovery(
+                self.api.bot, positions, self.rooms.adopted, self._checkpoints.save_position
+            )
+            self._tasks += [
+                asyncio.create_task(lane.start(recovery), name=f"lane-{lane.index}-start")
+                for lane in self.lanes
+            ]
+        if self.peer_feeds is not None:
+            await self.peer_feeds.start(positions)
+        log.info(
+            "node started",
+            appservice=f"http://{cfg.appservice.listen.host}:{self.appservice_port}",
+            stub=f"ws://{cfg.stub.listen.host}:{self.stub_port}/stub/connect",
+            homeserver=cfg.homeserver.url,
+            sessions=len(self.sessions),
+        )
+
+    async def _load_state(self) -> None:
+        """Sessions (all detached), the routing table and the senders' marks as the database
+        left them. Every start is counted: its number is the high part of the numbers the node
+        hands out, so they never repeat across restarts."""
+        if self.config.stub.session_secret is None:
+            # Tokens must outlive a restart: a protected session is resumed only with one.
+            self._tokens.secret = await self._secrets.get_or_create(
+                "session-tokens", lambda: secrets.token_urlsafe(32)
+            )
+        epoch = await self._checkpoints.next_start()
+        self.publisher.begin(epoch)
+        marks = await self._checkpoints.marks()
+        self.settlement.restore(marks)
+        self.delivery.marks.update(marks)
+        await self._rule_store.load()
+        await self.sessions.load(epoch, await self._pending.stored())
+        by_key: dict[tuple[int, str | None], list[str]] = {}
+        for row in await self.routes.allocations():
+            by_key.setdefault((row.session_id, row.allocation_key), []).append(row.address)
+        for (session_id, key), addresses in by_key.items():
+            self.table.add_allocations(session_id, addresses, key)
+        for address, session_id in await self.routes.subscriptions():
+            self.table.subscribe(session_id, [address])
+        for address, session_id in await self.routes.learned():
+            self.table.learn(session_id, address)
+        for address, domain in await self._remote_subscriptions.all():
+            self.table.subscribe_domain(domain, [address])
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        # A crowd of runtimes connects at once (a node restart, a page of hundreds of stubs):
+        # a short listen queue drops connections, which then wait for TCP's retry (1 s, 3 s).
+        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
         await site.start()
         self._runners.append(runner)
         # The bound port, which differs from the configured one when that was 0.
         return int(runner.addresses[-1][1])
 
     async def stop(self) -> None:
+        """Stop without losing anything: read no more frames, send what the lanes hold and
+        deliver it, give live stubs a moment to acknowledge, store the rest, then close."""
         if not self.running:
             return
         self.running = False
+        await self.stub_endpoint.stop_reading(SHUTDOWN_FLUSH_SECONDS)
+        if self.lanes is not None:
+            await self._flush_lanes()
+            if self.federation is not None:
+                await self.federation.flush(SHUTDOWN_FLUSH_SECONDS)
+            await self._acks.flush()
+            await self._await_acknowledgements(SHUTDOWN_ACK_SECONDS)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        # Stubs first (close 1001: reconnect later), then give queued messages a chance to
-        # reach the homeserver before the HTTP client goes away.
+        try:
+            await self.settlement.checkpoint(final=True)
+        except Exception:
+            log.exception("final checkpoint failed; the next start recovers from the last one")
+        await self.stub_endpoint.close_all()
         for runner in reversed(self._runners):
             await runner.shutdown()
-        await self._flush_streams()
+        if self.journal.stream is not None:
+            await self.journal.stream.flush(SHUTDOWN_FLUSH_SECONDS)
+            await self.journal.stream.close()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
-        if self.sessions is not None:
-            await self.sessions.persist_pending()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        if self.registry is not None:
+            await self.registry.stop()
+        if self.federation is not None:
+            await self.federation.close()
+        if self.peer_feeds is not None:
+            await self.peer_feeds.close()
+        for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._http.close()
         await self.db.dispose()
         log.info("node stopped")
 
-    async def _flush_streams(self) -> None:
-        streams = list(self._streams)
-        flushed = await asyncio.gather(*(s.flush(SHUTDOWN_FLUSH_SECONDS) for s in streams))
-        for stream, done in zip(streams, flushed, strict=True):
-            left = await stream.close()
+    async def _flush_lanes(self) -> None:
+        assert self.lanes is not None
+        lanes = list(self.lanes)
+        flushed = await asyncio.gather(*(lane.flush(SHUTDOWN_FLUSH_SECONDS) for lane in lanes))
+        for lane, done in zip(lanes, flushed, strict=True):
+            left = await lane.close()
             if not done or left:
-                log.error(
+                # Not lost: their stubs (if they number messages) send them again to the next
+                # run; a plain stub's are gone, as the README says.
+                log.warning(
                     "messages not sent to the homeserver before shutdown",
-                    stream=stream.name,
+                    lane=lane.index,
                     unsent=left,
                 )
+
+    async def _await_acknowledgements(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.settlement.awaiting_acknowledgements():  # noqa: ASYNC110 - polled
+                    await asyncio.sleep(0.02)
 
     # -- background work --------------------------------------------------------------------
 
     async def _ping_homeserver(self) -> None:
         """Tell the homeserver we are up: it then retries its queued transactions at once
         instead of waiting out its back-off (up to minutes after an outage of the node)."""
-        assert self.api is not None
         delay = 1.0
         while True:
             try:
@@ -315,17 +555,20 @@ class Node:
             delay = min(delay * 2, 60.0)
 
     async def _maintenance(self) -> None:
+        keep_marks = max(
+            TRANSACTION_RETENTION, timedelta(seconds=2 * self.config.stub.session_ttl_seconds)
+        )
         while True:
             try:
-                pruned = await self.transactions.prune(TRANSACTION_RETENTION)
-                if pruned:
-                    log.info("pruned processed transactions", count=pruned)
+                pruned = await self._transactions.prune(TRANSACTION_RETENTION)
+                forgotten = await self._checkpoints.prune_marks(keep_marks)
+                if pruned or forgotten:
+                    log.info("pruned", transactions=pruned, sender_marks=forgotten)
             except Exception:
                 log.exception("maintenance failed")
             await asyncio.sleep(MAINTENANCE_INTERVAL)
 
     async def _expire_sessions(self) -> None:
-        assert self.sessions is not None
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL)
             try:
@@ -336,7 +579,6 @@ class Node:
     # -- health probes ----------------------------------------------------------------------
 
     async def _probe_homeserver(self) -> dict[str, Any]:
-        assert self.api is not None
         versions = await self.api.versions()
         return {"url": self.config.homeserver.url, "versions": versions.get("versions", [])[-3:]}
 

@@ -92,6 +92,37 @@ class NodeMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.send_seconds = Histogram(
+            "rethink_mn_homeserver_send_seconds",
+            "From taking a batch to the homeserver's answer that it persisted the event.",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.checkpoints = Counter(
+            "rethink_mn_checkpoints_total",
+            "Checkpoints written (kept deliveries, lane positions, sender marks), by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.kept_deliveries = Counter(
+            "rethink_mn_kept_deliveries_total",
+            "Deliveries written to the database for a runtime that was away or slow to "
+            "acknowledge.",
+            registry=registry,
+        )
+        self.quota_refusals = Counter(
+            "rethink_mn_quota_refusals_total",
+            "Requests refused, or deliveries dropped, because a session reached a quota.",
+            ["quota"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            "rethink_mn_duplicates_dropped_total",
+            "Messages not routed again: resends of what the node had already taken, by where "
+            "they were recognised.",
+            ["where"],
+            registry=registry,
+        )
         self.route_seconds = Histogram(
             "rethink_mn_route_seconds",
             "From a message's arrival at the node to its delivery to the destination stub.",

@@ -68,8 +68,10 @@ class Intent:
         invite: Sequence[str] = (),
         initial_state: Sequence[dict[str, Any]] = (),
         power_level_override: dict[str, Any] | None = None,
+        federate: bool = False,
     ) -> str:
-        """Create a private, unfederated room; if the alias is taken, return the room it names."""
+        """Create a private room, unfederated unless ``federate``; if the alias is taken, return
+        the room it names."""
         await self.ensure_registered()
         method, path, data = Api.room_create(
             _NO_TOKEN,
@@ -77,7 +79,7 @@ class Intent:
             alias=alias_localpart,
             name=name,
             topic=topic,
-            federate=False,
+            federate=federate,
             preset=RoomPreset.private_chat,
             invite=invite,
             initial_state=initial_state,
@@ -151,7 +153,8 @@ class Intent:
         if not mxc_uri.startswith("mxc://") or mxc_uri.count("/") != 3:
             raise ValueError(f"not an mxc URI: {mxc_uri!r}")
         server_name, media_id = mxc_uri[len("mxc://") :].split("/", 1)
-        method, path = Api.download(server_name, media_id, allow_remote=False)
+        # Media of another homeserver (a peer domain's batch) comes through ours, over federation.
+        method, path = Api.download(server_name, media_id, allow_remote=True)
         return await self._as.client.request_bytes(
             method, path, endpoint="download", user_id=None if self._is_bot else self.user_id
         )
@@ -189,6 +192,25 @@ class Intent:
         if not isinstance(parsed, dict) or not isinstance(parsed.get("chunk"), list):
             raise MatrixError(200, "M_BAD_RESPONSE", "messages without a chunk", "messages")
         return parsed
+
+    async def joined_members(self, room_id: str) -> set[str]:
+        """The users joined to a room (as this server sees it)."""
+        method, path = Api.joined_members(_NO_TOKEN, room_id)
+        parsed = await self._request(method, path, "joinedMembers")
+        joined = parsed.get("joined") if isinstance(parsed, dict) else None
+        return set(joined) if isinstance(joined, dict) else set()
+
+    async def context(self, room_id: str, event_id: str) -> dict[str, Any] | None:
+        """The event and pagination tokens around it (``end`` reads forward from just after
+        it); None when the room has no such event."""
+        method, path = Api.room_context(_NO_TOKEN, room_id, event_id, limit=0)
+        try:
+            parsed = await self._request(method, path, "context")
+        except MatrixError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return parsed if isinstance(parsed, dict) else None
 
 
 def _quote(part: str) -> str:

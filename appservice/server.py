@@ -9,6 +9,7 @@ event contains: the homeserver would retry the same transaction forever and stop
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -31,9 +32,11 @@ class TransactionHandler(Protocol):
 
 
 class TransactionStore(Protocol):
-    async def is_processed(self, txn_id: str) -> bool: ...
+    """Transactions already handled, by ``transaction_key`` (not by the bare id)."""
 
-    async def mark_processed(self, txn_id: str, event_count: int) -> None: ...
+    async def is_processed(self, key: str) -> bool: ...
+
+    async def mark_processed(self, key: str, event_count: int) -> None: ...
 
 
 class NamespaceQueries(Protocol):
@@ -126,13 +129,14 @@ class AppserviceServer:
             self._count("transactions", "bad_json")
             return matrix_error(400, "M_BAD_JSON", "'events' must be a list")
 
-        while (running := self._in_flight.get(txn_id)) is not None:
+        key = transaction_key(txn_id, events)
+        while (running := self._in_flight.get(key)) is not None:
             await asyncio.shield(running)
 
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._in_flight[txn_id] = done
+        self._in_flight[key] = done
         try:
-            if await self._store.is_processed(txn_id):
+            if await self._store.is_processed(key):
                 self._count("transactions", "duplicate")
                 return web.json_response({})
             started = time.monotonic()
@@ -143,14 +147,14 @@ class AppserviceServer:
                     "transaction %s: %d non-object events skipped", txn_id, len(events) - len(valid)
                 )
             await self._handler.handle_events(txn_id, valid)
-            await self._store.mark_processed(txn_id, len(events))
+            await self._store.mark_processed(key, len(events))
             self._count("transactions", "processed")
             if self._metrics is not None:
                 self._metrics.transaction_seconds.observe(time.monotonic() - started)
             return web.json_response({})
         finally:
             done.set_result(None)
-            del self._in_flight[txn_id]
+            del self._in_flight[key]
 
     async def on_user_query(self, request: web.Request) -> web.Response:
         if await self._queries.user_exists(request.match_info["user_id"]):
@@ -173,6 +177,20 @@ class AppserviceServer:
     def _count_events(self, outcome: str, n: int) -> None:
         if self._metrics is not None:
             self._metrics.transaction_events.labels(outcome).inc(n)
+
+
+def transaction_key(txn_id: str, events: list[Any]) -> str:
+    """What makes a transaction the same one again: its id *and* its events.
+
+    A transaction id alone is not unique for ever: Synapse on SQLite numbers appservice
+    transactions from the highest one still pending, so after a restart of Synapse it hands out
+    ids it used before. A retry carries the same events, a reused id does not."""
+    digest = hashlib.sha256()
+    for event in events:
+        event_id = event.get("event_id") if isinstance(event, dict) else None
+        digest.update(str(event_id).encode())
+        digest.update(b"\n")
+    return f"{txn_id}/{digest.hexdigest()[:32]}"
 
 
 def _bearer(header: str | None) -> str | None:

@@ -34,7 +34,7 @@ from analytics_duckdb import run_duckdb  # noqa: E402
 
 from adapter.analytics.job import build_spark, run_analysis  # noqa: E402
 from adapter.analytics.names import AGGREGATE_NAMES  # noqa: E402
-from adapter.analytics.synthetic import SyntheticSpec, generate_export  # noqa: E402
+from tests.support.synthetic.export import SyntheticSpec, generate_export  # noqa: E402
 
 GENERATOR_VERSION: Final = 1
 """Bump when the generator's output changes, so cached exports are made again."""

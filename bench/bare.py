@@ -4,6 +4,10 @@ A virtual user sends one event per message into a room; a minimal appservice (th
 appservice package, with no reTHINK logic) receives the homeserver's pushes. Its figures are what
 routing "one message = one event" through this Synapse costs; the node's batching is measured
 against them.
+
+Across two federating homeservers (bench/domains.py), ``federate_to(peer)`` moves the sending
+into a federated room that the peer pipeline's bot (on the other homeserver) joins, and the
+arrivals are the peer appservice's pushes: what "one message = one event" costs between domains.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class BarePipeline:
     arrivals: dict[int, float] = field(default_factory=dict)
     _wanted: int = 0
     _done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Where the events sent here are received (federate_to): another pipeline, or this one.
+    _sink: BarePipeline | None = None
 
     def registration(self) -> dict[str, Any]:
         return build_registration(
@@ -101,14 +107,28 @@ class BarePipeline:
         )
         return self
 
+    async def federate_to(self, peer: BarePipeline) -> None:
+        """Send from now on into a federated room joined by ``peer``'s bot, on its homeserver;
+        the measurements then time until ``peer`` receives each event."""
+        bot = peer._api.bot.user_id
+        room = await self._intent.create_room(invite=[bot], federate=True)
+        await peer._api.bot.join(room)
+        self._room, self._sink = room, peer
+
+    @property
+    def _receiver(self) -> BarePipeline:
+        return self._sink or self
+
     async def __aexit__(self, *_exc: object) -> None:
         await self._http.close()
         await self._runner.cleanup()
 
-    def _reset(self, wanted: int) -> None:
-        self.arrivals = {}
-        self._wanted = wanted
-        self._done = asyncio.Event()
+    def _reset(self, wanted: int) -> BarePipeline:
+        receiver = self._receiver
+        receiver.arrivals = {}
+        receiver._wanted = wanted
+        receiver._done = asyncio.Event()
+        return receiver
 
     async def _send(self, seq: int, body: str) -> float:
         started = time.perf_counter()
@@ -119,7 +139,7 @@ class BarePipeline:
         self, count: int, size: int, in_flight: int = 16, timeout: float = 600
     ) -> dict[str, Any]:
         """``count`` events, ``in_flight`` at a time: first send to last push received."""
-        self._reset(count)
+        receiver = self._reset(count)
         body = payload(size)
         next_seq = iter(range(count))
         started = time.perf_counter()
@@ -130,17 +150,17 @@ class BarePipeline:
 
         await asyncio.gather(*(sender() for _ in range(in_flight)))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._done.wait(), timeout)
-        ended = max(self.arrivals.values(), default=time.perf_counter())
+            await asyncio.wait_for(receiver._done.wait(), timeout)
+        ended = max(receiver.arrivals.values(), default=time.perf_counter())
         return {
             "ms": (ended - started) * 1000,
-            "received": len(self.arrivals),
-            "lost": count - len(self.arrivals),
+            "received": len(receiver.arrivals),
+            "lost": count - len(receiver.arrivals),
         }
 
     async def latency(self, count: int, rate: float, size: int = 100) -> dict[str, Any]:
         """One event every 1/rate s; send start to push received, per event."""
-        self._reset(count)
+        receiver = self._reset(count)
         body = payload(size)
         sent: dict[int, float] = {}
         started = time.perf_counter()
@@ -152,8 +172,9 @@ class BarePipeline:
             tasks.append(asyncio.create_task(self._send(seq, body)))
         await asyncio.gather(*tasks)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._done.wait(), 30)
-        latencies = sorted((self.arrivals[s] - sent[s]) * 1000 for s in sent if s in self.arrivals)
+            await asyncio.wait_for(receiver._done.wait(), 30)
+        arrivals = receiver.arrivals
+        latencies = sorted((arrivals[s] - sent[s]) * 1000 for s in sent if s in arrivals)
         return {
             "received": len(latencies),
             "p50_ms": _pct(latencies, 50),
@@ -165,10 +186,10 @@ class BarePipeline:
         """One event pushed back: the pipeline's share of a publication."""
         results = []
         for r in range(rounds):
-            self._reset(1)
+            receiver = self._reset(1)
             started = await self._send(r, payload(size))
-            await asyncio.wait_for(self._done.wait(), 30)
-            results.append({"ms": (self.arrivals[r] - started) * 1000, "received": 1})
+            await asyncio.wait_for(receiver._done.wait(), 30)
+            results.append({"ms": (receiver.arrivals[r] - started) * 1000, "received": 1})
             await asyncio.sleep(0.2)
         return {"rounds": results}
 

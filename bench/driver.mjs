@@ -5,6 +5,10 @@
 //
 // It speaks the stub protocol directly, as reTHINK's own measurements did, so the figures are the
 // node's and not a runtime's.
+//
+// Between domains (bench/domains.py): `peer: {url, domain}` puts the other end on another node,
+// of another domain: the receiver of messaging and latency, the reporter of publication. Every
+// timestamp is still taken in this one process.
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { createInterface } from 'node:readline';
@@ -13,6 +17,8 @@ import WebSocket from 'ws';
 const spec = JSON.parse(process.argv[2]);
 const DOMAIN = spec.domain ?? 'localhost';
 const MN = `domain://msg-node.${DOMAIN}`;
+const HERE = { url: spec.url, domain: DOMAIN };
+const PEER = spec.peer ?? HERE;
 let nextId = 1;
 
 function payload(size) {
@@ -21,8 +27,9 @@ function payload(size) {
 }
 
 class Client {
-  constructor(url, runtimeURL) {
+  constructor(url, runtimeURL, domain = DOMAIN) {
     this.runtimeURL = runtimeURL;
+    this.mn = `domain://msg-node.${domain}`;
     this.stubAddress = runtimeURL.replace('runtime://', 'hyperty-runtime://') + '/protostub';
     this.pending = new Map();
     this.onMessage = null;
@@ -62,7 +69,7 @@ class Client {
   async allocate(endpoint = 'hyperty-address-allocation', scheme = 'hyperty', number = 1, key) {
     const value = { number };
     if (key) value.allocationKey = key;
-    const answer = await this.request(`${MN}/${endpoint}`, 'create', { scheme, value });
+    const answer = await this.request(`${this.mn}/${endpoint}`, 'create', { scheme, value });
     if (answer.body.code !== 200) throw new Error(`allocation failed: ${JSON.stringify(answer)}`);
     return answer.body.value.allocated;
   }
@@ -72,9 +79,11 @@ class Client {
   }
 }
 
-async function connect(count, prefix) {
+async function connect(count, prefix, where = HERE) {
   const clients = [];
-  for (let i = 0; i < count; i++) clients.push(new Client(spec.url, `runtime://${DOMAIN}/${prefix}-${i}`));
+  for (let i = 0; i < count; i++) {
+    clients.push(new Client(where.url, `runtime://${where.domain}/${prefix}-${i}`, where.domain));
+  }
   await Promise.all(clients.map((c) => c.opened));
   return clients;
 }
@@ -112,11 +121,41 @@ async function allocation() {
 async function warmUp(sender, receiver, from, to) {
   const arrived = new Promise((resolve) => { receiver.onMessage = resolve; });
   sender.ws.send(JSON.stringify({ id: 'warm-up', type: 'update', from, to, body: {} }));
-  await arrived;
+  const ms = spec.warmUpTimeoutMs ?? 120000;
+  let timer;
+  const late = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`warm-up message not delivered within ${ms} ms`)), ms);
+  });
+  await Promise.race([arrived, late]);
+  clearTimeout(timer);
+}
+
+// Across domains a subscription reaches the reporter's node through Matrix some time after the
+// subscriber's node answered it: until then an update does not go to the subscribers' domain.
+// Updates are sent, one a second, until one reaches every subscriber.
+async function untilAllSubscribed(reporter, subscribers, object, changes) {
+  const deadline = performance.now() + (spec.warmUpTimeoutMs ?? 120000);
+  for (let attempt = 0; performance.now() < deadline; attempt++) {
+    const id = `ready-${attempt}`;
+    let got = 0;
+    const all = new Promise((resolve) => {
+      for (const s of subscribers) {
+        s.onMessage = (text) => {
+          if (text.startsWith(`{"id":"${id}",`) && ++got === subscribers.length) resolve(true);
+        };
+      }
+    });
+    reporter.ws.send(JSON.stringify({ id, type: 'update', from: object, to: changes, body: {} }));
+    if (await Promise.race([all, new Promise((r) => setTimeout(() => r(false), 1000))])) {
+      return attempt + 1;
+    }
+  }
+  throw new Error('the subscriptions did not take effect at the reporter\'s node in time');
 }
 
 async function messaging() {
-  const [a, b] = await connect(2, `msg-${spec.tag ?? 'x'}`);
+  const [a] = await connect(1, `msg-${spec.tag ?? 'x'}-a`);
+  const [b] = await connect(1, `msg-${spec.tag ?? 'x'}-b`, PEER);
   const [from] = await a.allocate();
   const [to] = await b.allocate();
   await warmUp(a, b, from, to);
@@ -152,13 +191,26 @@ async function messaging() {
 }
 
 async function publication() {
-  const [reporter] = await connect(1, `pub-${spec.tag ?? 'x'}`);
+  const [reporter] = await connect(1, `pub-${spec.tag ?? 'x'}`, PEER);
+  // Set-up (all subscribers connecting at once, then all subscribing at once) is timed too: it
+  // is what a crowd of runtimes joining costs, sessions and subscriptions written durably.
+  const setupStarted = performance.now();
   const subscribers = await connect(spec.subscribers, `sub-${spec.tag ?? 'x'}`);
-  const [object] = await reporter.allocate('object-address-allocation', 'comm');
+  const connected = performance.now();
+  const [object] = await reporter.allocate(spec.objectEndpoint ?? 'object-address-allocation', 'comm');
   const changes = `${object}/changes`;
-  await Promise.all(subscribers.map((s) =>
-    s.request(`${MN}/sm`, 'subscribe', { resources: [changes] }, `${s.stubAddress}/sm`)));
-  await warmUp(reporter, subscribers[0], object, changes);
+  const subscribing = performance.now();
+  const answers = await Promise.all(subscribers.map((s) =>
+    s.request(`${s.mn}/sm`, 'subscribe', { resources: [changes] }, `${s.stubAddress}/sm`)));
+  const subscribed = performance.now();
+  const refused = answers.filter((a) => a.body.code !== 200).length;
+  if (refused) throw new Error(`${refused} subscriptions refused: ${JSON.stringify(answers[0])}`);
+  const setup = {
+    connect_ms: connected - setupStarted,
+    subscribe_ms: subscribed - subscribing,
+    setup_ms: connected - setupStarted + (subscribed - subscribing),
+  };
+  const readyAfter = await untilAllSubscribed(reporter, subscribers, object, changes);
   await new Promise((r) => setTimeout(r, 300));
   const rounds = [];
   // The first rounds run while V8 is still compiling this driver's receive path (1,000 sockets
@@ -186,11 +238,12 @@ async function publication() {
   }
   reporter.close();
   for (const s of subscribers) s.close();
-  return { rounds };
+  return { rounds, ready_after_updates: readyAfter, ...setup };
 }
 
 async function latency() {
-  const [a, b] = await connect(2, `lat-${spec.tag ?? 'x'}`);
+  const [a] = await connect(1, `lat-${spec.tag ?? 'x'}-a`);
+  const [b] = await connect(1, `lat-${spec.tag ?? 'x'}-b`, PEER);
   const [from] = await a.allocate();
   const [to] = await b.allocate();
   await warmUp(a, b, from, to);

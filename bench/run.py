@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/run.py            # full run (a few minutes)
     .venv/bin/python bench/run.py --quick    # smoke run
+    .venv/bin/python bench/run.py --crowd 500,5,30   # one crowd cell (bench/crowd.py)
+    .venv/bin/python bench/run.py --database postgresql   # the node on PostgreSQL
+    .venv/bin/python bench/run.py --only federation   # two domains (bench/domains.py)
 
 It starts its own Synapse (SQLite, loopback) and, as separate processes, the node and the
 ceiling baseline (bench/relay.py: the node's code with Matrix taken out). Load comes from
@@ -39,7 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import crowd  # noqa: E402
+import domains  # noqa: E402
 from bare import BarePipeline  # noqa: E402
+from databases import KINDS, fresh_database  # noqa: E402
 
 from adapter.localstack.synapse import (  # noqa: E402
     SynapseProcess,
@@ -78,7 +84,11 @@ BARE_BASELINE = {
     "msg_10000_10000": "msg_10000_1000",
     "pub_10000_1000": "pub_10000_event",
 }
-GROUPS = frozenset({"latency", "publication", "messaging", "allocation", "memory", "bare"})
+GROUPS = frozenset(
+    {"latency", "publication", "messaging", "allocation", "memory", "bare", "crowd", "federation"}
+)
+# Groups with their own stacks and reports (not the node / relay / bare phases).
+OWN_STACK = frozenset({"bare", "crowd", "federation"})
 
 
 @dataclass
@@ -94,6 +104,8 @@ class Plan:
     repeats: int
     bare_msg: tuple[tuple[int, int], ...]  # (payload bytes, messages)
     only: frozenset[str] = GROUPS
+    crowd_cells: tuple[crowd.Cell, ...] = crowd.FULL_GRID
+    federation: domains.Plan = domains.FULL
 
     def runs(self, group: str) -> bool:
         return group in self.only
@@ -115,6 +127,7 @@ FULL = Plan(
 QUICK = Plan(
     (100,), (100, 1000), (100, 10000), (100,), (100, 10000), 100, 20.0, 200, 1, ((100, 100),)
 )
+QUICK = dataclasses.replace(QUICK, crowd_cells=crowd.QUICK_GRID, federation=domains.QUICK)
 
 
 @dataclass
@@ -138,34 +151,78 @@ def _fmt(value: Any) -> str:
 # -- processes ---------------------------------------------------------------------------------
 
 
+# `--homeserver-database postgresql`: Synapse on the machine's PostgreSQL instead of SQLite (the
+# homeserver given more room: a connection pool, so several lanes persist at once).
+HOMESERVER_DATABASE = "sqlite"
+# An experiment, not the default: Synapse's commits no longer wait for the WAL flush.
+HOMESERVER_SYNC_COMMIT_OFF = os.environ.get("RETHINK_MN_BENCH_HS_ASYNC_COMMIT") == "1"
+PG_ADMIN = os.environ.get("RETHINK_MN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+async def fresh_homeserver_database(name: str) -> str:
+    import psycopg
+
+    name = "".join(c if c.isalnum() else "_" for c in name.lower())[:60]
+    async with await psycopg.AsyncConnection.connect(PG_ADMIN, autocommit=True) as conn:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        # Synapse refuses a database whose collation is not C.
+        await conn.execute(
+            f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' "
+            "LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+        if HOMESERVER_SYNC_COMMIT_OFF:
+            await conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
+    return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+
+
+# `--node-setting KEY=VALUE`: configuration the benchmarked node (and relay) get on top of the
+# benchmark's own, e.g. routing.lanes=1 (for experiments; the published figures use defaults).
+NODE_SETTINGS: dict[str, Any] = {}
+
+
+def _apply_settings(config: dict[str, Any]) -> dict[str, Any]:
+    for dotted, value in NODE_SETTINGS.items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return config
+
+
 def write_config(
     path: Path,
     hs_url: str,
     as_port: int,
     stub_port: int,
-    db: Path,
+    db_url: str,
     as_token: str,
     hs_token: str,
     journal: bool,
 ) -> None:
     YAML().dump(
-        {
-            "domain": DOMAIN,
-            "homeserver": {"url": hs_url, "server_name": SERVER_NAME},
-            "appservice": {
-                "as_token": as_token,
-                "hs_token": hs_token,
-                "listen": {"host": "127.0.0.1", "port": as_port},
-            },
-            "stub": {
-                "listen": {"host": "127.0.0.1", "port": stub_port},
-                "max_frame_bytes": 1024 * 1024,
-                "max_connections": 20000,
-            },
-            "database": {"url": f"sqlite:///{db}"},
-            "routing": {"journal": journal},
-            "logging": {"level": "WARNING", "format": "json"},
-        },
+        _apply_settings(
+            {
+                "domain": DOMAIN,
+                "homeserver": {"url": hs_url, "server_name": SERVER_NAME},
+                "appservice": {
+                    "as_token": as_token,
+                    "hs_token": hs_token,
+                    "listen": {"host": "127.0.0.1", "port": as_port},
+                },
+                "stub": {
+                    "listen": {"host": "127.0.0.1", "port": stub_port},
+                    "max_frame_bytes": 1024 * 1024,
+                    "max_connections": 20000,
+                    # The load driver connects NoMatrix-style (v2 without hello), as reTHINK's own
+                    # measurements did.
+                    "tokenless_sessions": "allow",
+                },
+                "database": {"url": db_url},
+                "routing": {"journal": journal},
+                "logging": {"level": "WARNING", "format": "json"},
+            }
+        ),
         path,
     )
 
@@ -321,6 +378,9 @@ async def run_publication(name: str, url: str, plan: Plan, results: Results, tag
                 f"pub_{size}_{subscribers}",
                 target=name,
                 ms=statistics.median(rounds) if rounds else None,
+                setup_ms=r["setup_ms"],
+                connect_ms=r["connect_ms"],
+                subscribe_ms=r["subscribe_ms"],
                 rounds_ms=[None if x["ms"] is None else round(x["ms"], 1) for x in r["rounds"]],
                 lost=sum(subscribers - x["received"] for x in r["rounds"]),
             )
@@ -464,7 +524,11 @@ def print_tables(results: Results, checks: list[dict[str, Any]]) -> None:
     table = Table(title="measurements (ms unless noted)")
     for col in ("test", "node", "relay (ceiling)", "bare pipeline", "NoMatrix ref."):
         table.add_column(col, justify="right" if col != "test" else "left")
-    tests = dict.fromkeys(r["test"] for r in results.rows)
+    tests = dict.fromkeys(
+        r["test"]
+        for r in results.rows
+        if not crowd.is_crowd_row(r) and not domains.is_federation_row(r)
+    )
     for test in tests:
         cells = []
         for target in ("node", "relay", "bare"):
@@ -515,10 +579,12 @@ class Stack:
     python: Path
     plan: Plan
     results: Results
+    database: str = "sqlite"
     as_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     hs_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     node_as: int = field(default_factory=free_port)
     bare_as: int = field(default_factory=free_port)
+    synapses: dict[str, SynapseProcess] = field(default_factory=dict)  # by phase
 
     def register(self, bare: BarePipeline) -> None:
         yaml = YAML()
@@ -540,15 +606,19 @@ class Stack:
     @contextlib.asynccontextmanager
     async def homeserver(self, phase: str) -> AsyncIterator[str]:
         """A fresh Synapse for each phase, so every target is measured on an empty homeserver."""
+        database = None
+        if HOMESERVER_DATABASE == "postgresql":
+            database = await fresh_homeserver_database(f"bench_hs_{phase}")
         settings = SynapseSettings(
             data_dir=self.work / f"synapse-{phase}",
             server_name=SERVER_NAME,
             port=free_port(),
             registration_file=self.work / "node-registration.yaml",
             extra_registrations=(self.work / "bare-registration.yaml",),
+            database_url=database,
         )
         write_homeserver_config(settings)
-        synapse = SynapseProcess(self.python, settings)
+        synapse = self.synapses[phase] = SynapseProcess(self.python, settings)
         await asyncio.to_thread(synapse.generate_keys)
         synapse.start()
         try:
@@ -558,19 +628,30 @@ class Stack:
             await synapse.stop_async()
 
     async def run_node_like(
-        self, name: str, command: Callable[[Path], list[str]], journal: bool
+        self,
+        name: str,
+        command: Callable[[Path], list[str]],
+        journal: bool,
+        phase: str | None = None,
+        scenarios: crowd.Scenarios | None = None,
     ) -> None:
-        """The node (or the relay) as its own process, against a fresh homeserver."""
-        async with self.homeserver(name) as hs_url:
+        """The node (or the relay) as its own process, against a fresh homeserver. ``phase``
+        names fresh files when a target runs more than once (the crowd's cells); ``scenarios``
+        replaces the groups of run_scenarios, given the stub URL and the service."""
+        phase = phase or name
+        async with (
+            self.homeserver(phase) as hs_url,
+            fresh_database(self.database, self.work, phase) as db_url,
+        ):
             as_port = self.node_as if name == "node" else free_port()
             stub_port = free_port()
-            config = self.work / f"{name}.yaml"
+            config = self.work / f"{phase}.yaml"
             write_config(
                 config,
                 hs_url,
                 as_port,
                 stub_port,
-                self.work / f"{name}.db",
+                db_url,
                 self.as_token,
                 self.hs_token,
                 journal=journal,
@@ -587,17 +668,15 @@ class Stack:
                 name,
                 command(config),
                 f"http://127.0.0.1:{as_port}/health",
-                self.work / f"{name}.log",
+                self.work / f"{phase}.log",
             )
+            url = f"ws://127.0.0.1:{stub_port}/stub/connect"
             try:
                 await service.wait_healthy()
-                await run_scenarios(
-                    name,
-                    f"ws://127.0.0.1:{stub_port}/stub/connect",
-                    self.plan,
-                    self.results,
-                    service,
-                )
+                if scenarios is not None:
+                    await scenarios(url, service)
+                else:
+                    await run_scenarios(name, url, self.plan, self.results, service)
             finally:
                 service.stop()
 
@@ -618,6 +697,9 @@ async def main(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     if args.only:
         plan = dataclasses.replace(plan, only=frozenset(args.only.split(",")))
+    if args.crowd:
+        only = plan.only if args.only else frozenset()
+        plan = dataclasses.replace(plan, crowd_cells=(args.crowd,), only=only | {"crowd"})
     await asyncio.to_thread(ensure_driver_installed)
     results = Results(
         started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -626,35 +708,67 @@ async def main(args: argparse.Namespace) -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "quick": args.quick,
+            "loadavg_at_start": os.getloadavg(),
+            "database": args.database,
         },
     )
     work = Path(tempfile.mkdtemp(prefix="rethink-bench-"))
     console.print(f"working directory {work}")
     python = await asyncio.to_thread(ensure_synapse_installed, None, console.print)
-    stack = Stack(work, python, plan, results)
+    stack = Stack(work, python, plan, results, args.database)
     bare = BarePipeline(SERVER_NAME, "", stack.bare_as)
     stack.register(bare)
 
-    await stack.run_node_like(
-        "node",
-        lambda cfg: [sys.executable, "-m", "adapter.cli", "-c", str(cfg), "run"],
-        journal=True,
-    )
     # The relay holds the appservice's tokens only so its health probe is authenticated; the
     # homeserver pushes nothing to it (the registration names the node's port).
-    await stack.run_node_like(
-        "relay",
-        lambda cfg: [sys.executable, str(ROOT / "bench" / "relay.py"), "-c", str(cfg)],
-        journal=False,
-    )
+    launchers: crowd.Launchers = {
+        "node": (lambda cfg: [sys.executable, "-m", "adapter.cli", "-c", str(cfg), "run"], True),
+        "relay": (
+            lambda cfg: [sys.executable, str(ROOT / "bench" / "relay.py"), "-c", str(cfg)],
+            False,
+        ),
+    }
+    if plan.only - OWN_STACK:
+        for name, (command, journal) in launchers.items():
+            await stack.run_node_like(name, command, journal=journal)
     if plan.runs("bare"):
         async with stack.homeserver("bare") as hs_url:
             bare.homeserver_url = hs_url
             async with bare:
                 await run_bare(bare, plan, results)
+    if plan.runs("crowd"):
+        await crowd.run_group(
+            stack,
+            plan.crowd_cells,
+            {k: v for k, v in launchers.items() if k in args.crowd_targets.split(",")},
+            bare,
+            results,
+            DOMAIN,
+            work,
+            console.print,
+            args.quick,
+        )
+    if plan.runs("federation"):
+        await domains.run_group(
+            python,
+            work,
+            plan.federation,
+            results,
+            console.print,
+            args.database,
+            drive,
+            Service,
+            _apply_settings,
+        )
+    results.machine["loadavg_at_end"] = os.getloadavg()
 
-    checks = summarize(results)
-    print_tables(results, checks)
+    checks = summarize(results) if plan.only - {"crowd", "federation"} else []
+    crowd_checks = crowd.checks(results.rows)
+    federation_checks = domains.checks(results.rows)
+    if checks:
+        print_tables(results, checks)
+    crowd.print_report(results.rows, crowd_checks, console)
+    domains.print_report(results.rows, federation_checks, console)
     out = args.out or ROOT / "bench" / "results" / f"bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -663,7 +777,7 @@ async def main(args: argparse.Namespace) -> int:
                 "started": results.started,
                 "machine": results.machine,
                 "rows": results.rows,
-                "checks": checks,
+                "checks": checks + crowd_checks + federation_checks,
             },
             indent=2,
         )
@@ -677,10 +791,45 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="small smoke run")
     parser.add_argument("--out", type=Path, help="JSON results file")
     parser.add_argument(
+        "--database", choices=KINDS, default="sqlite", help="the node's database (fresh per run)"
+    )
+    parser.add_argument(
         "--only",
         help=f"comma-separated groups to run (default all): {','.join(sorted(GROUPS))}",
     )
+    parser.add_argument(
+        "--crowd",
+        type=crowd.parse_cell,
+        metavar="SENDERS,RATE[,SECONDS[,DRIVERS]]",
+        help="run one crowd cell (N senders + N receivers, RATE msg/s each) instead of the grid",
+    )
+    parser.add_argument(
+        "--crowd-targets",
+        default="node,relay",
+        help="what the crowd cells run on (default node,relay; node alone is quicker)",
+    )
+    parser.add_argument(
+        "--node-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a configuration value for the node and the relay (YAML value), e.g. routing.lanes=1",
+    )
+    parser.add_argument(
+        "--homeserver-database",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="Synapse's own database (default sqlite, as `rethink-mn up` runs it)",
+    )
     args = parser.parse_args()
+    HOMESERVER_DATABASE = args.homeserver_database
+    for setting in args.node_setting:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            parser.error(f"--node-setting takes KEY=VALUE, not {setting!r}")
+        NODE_SETTINGS[key] = YAML(typ="safe", pure=True).load(value)
     if args.only and not set(args.only.split(",")) <= GROUPS:
         parser.error(f"--only takes {', '.join(sorted(GROUPS))}")
+    if not set(args.crowd_targets.split(",")) <= {"node", "relay"}:
+        parser.error("--crowd-targets takes node, relay")
     sys.exit(uvloop.run(main(args)))

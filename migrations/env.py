@@ -7,8 +7,10 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from adapter.storage import policy_models  # noqa: F401 - registers its tables on Base
 from adapter.storage.database import create_engine, is_sqlite
 from adapter.storage.models import Base
+from adapter.storage.registry_models import RegistryEntry  # noqa: F401 - registers its table
 
 config = context.config
 target_metadata = Base.metadata

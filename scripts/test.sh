@@ -5,9 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --fast: only what needs no homeserver (lint, types, layering, the stub's tests, unit tests).
+fast=""
+if [[ "${1:-}" == "--fast" ]]; then
+  fast=1
+  shift
+fi
+
 scripts/bootstrap.sh --test
 
-if ! command -v chromium >/dev/null 2>&1; then
+if [[ -z "$fast" ]] && ! command -v chromium >/dev/null 2>&1; then
   echo "== installing Debian's chromium for the browser tests"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
@@ -17,13 +24,19 @@ echo "== npm ci (stub_js, bench driver)"
 (cd stub_js && npm ci --no-audit --no-fund --loglevel=error)
 (cd bench && npm ci --no-audit --no-fund --loglevel=error)
 
-echo "== lint and types"
+echo "== lint, types and package layers"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache
 
 echo "== stub_js tests (node --test)"
 (cd stub_js && npm test)
+
+if [[ -n "$fast" ]]; then
+  echo "== Python unit tests"
+  exec .venv/bin/python -m pytest tests/unit "$@"
+fi
 
 echo "== Python tests (real Synapse, databases, Spark, Node.js, Chromium)"
 .venv/bin/python -m pytest "$@"

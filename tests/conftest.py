@@ -18,6 +18,7 @@ import uvloop
 from ruamel.yaml import YAML
 
 from adapter.config import NodeConfig, parse_config
+from adapter.localstack.federation import federating, server_name_for, start_homeservers
 from adapter.localstack.synapse import (
     SynapseProcess,
     SynapseSettings,
@@ -30,6 +31,8 @@ from adapter.storage import migrate
 from appservice.registration import build_registration
 
 SERVER_NAME = "mn.test"
+# The appservice id both the `homeserver` and `federation` fixtures register.
+APPSERVICE_ID = "rethink-mn"
 PG_DSN = os.environ.get("RETHINK_MN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -56,7 +59,9 @@ class Homeserver:
                 "hs_token": self.hs_token,
                 "listen": {"host": "127.0.0.1", "port": self.appservice_port},
             },
-            "stub": {"listen": {"host": "127.0.0.1", "port": 0}},
+            # The test runtimes connect NoMatrix-style (v2 without hello) unless a test says
+            # otherwise; tests of `refuse` set it.
+            "stub": {"listen": {"host": "127.0.0.1", "port": 0}, "tokenless_sessions": "allow"},
             "database": {"url": database_url},
         }
         for dotted, value in overrides.items():
@@ -84,7 +89,7 @@ async def homeserver(
     registration = data_dir / "registration.yaml"
     YAML().dump(
         build_registration(
-            appservice_id="rethink-mn",
+            appservice_id=APPSERVICE_ID,
             url=f"http://127.0.0.1:{as_port}",
             as_token=as_token,
             hs_token=hs_token,
@@ -107,6 +112,90 @@ async def homeserver(
         yield Homeserver(settings.url, SERVER_NAME, as_token, hs_token, as_port, process)
     finally:
         await process.stop_async()
+
+
+# -- two domains whose homeservers federate -------------------------------------------------------
+
+
+@dataclass
+class FederatedHomeserver(Homeserver):
+    """One domain of the `federation` fixture: its homeserver's server name is its federation
+    address (`127.0.0.1:<federation_port>`)."""
+
+    federation_port: int
+    domain: str
+
+    @property
+    def bot(self) -> str:
+        return f"@_rethink_bot:{self.server_name}"
+
+    def node_config(self, database_url: str, **overrides: Any) -> NodeConfig:
+        return super().node_config(database_url, **{"domain": self.domain, **overrides})
+
+
+@dataclass
+class Federation:
+    a: FederatedHomeserver
+    b: FederatedHomeserver
+    # The local CA both homeservers trust for federation.
+    ca_certificate: Path
+
+
+def _write_registration(path: Path, as_port: int, server_name: str) -> tuple[str, str]:
+    as_token, hs_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    YAML().dump(
+        build_registration(
+            appservice_id=APPSERVICE_ID,
+            url=f"http://127.0.0.1:{as_port}",
+            as_token=as_token,
+            hs_token=hs_token,
+            sender_localpart="_rethink_bot",
+            user_prefix="_rethink_",
+            alias_prefix="_rethink_",
+            server_name=server_name,
+        ),
+        path,
+    )
+    return as_token, hs_token
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def federation(
+    synapse_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Federation]:
+    """Two homeservers on loopback federating with each other (and no one else), each with the
+    node's registration, for domains `a.mn.test` and `b.mn.test`."""
+    root = tmp_path_factory.mktemp("federation")
+    plain, appservices = [], []
+    for side in ("a", "b"):
+        (root / side).mkdir()
+        as_port, server_name = free_port(), server_name_for(free_port())
+        registration = root / side / "registration.yaml"
+        appservices.append((as_port, *_write_registration(registration, as_port, server_name)))
+        plain.append(SynapseSettings(root / side, server_name, free_port(), registration))
+    group = federating(plain, root / "tls")
+    processes = await start_homeservers(synapse_python, group)
+    try:
+        a, b = (
+            FederatedHomeserver(
+                url=process.settings.url,
+                server_name=process.settings.server_name,
+                as_token=as_token,
+                hs_token=hs_token,
+                appservice_port=as_port,
+                process=process,
+                federation_port=process.settings.ports[1],
+                domain=f"{side}.mn.test",
+            )
+            for side, process, (as_port, as_token, hs_token) in zip(
+                "ab", processes, appservices, strict=True
+            )
+        )
+        assert group[0].federation is not None
+        yield Federation(a, b, group[0].federation.ca_certificates[0])
+    finally:
+        for process in processes:
+            await process.stop_async()
 
 
 # -- databases ---------------------------------------------------------------------------------

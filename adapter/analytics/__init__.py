@@ -5,15 +5,18 @@
 
 Modules, one job each:
 
-* `schema`       the export's two datasets as Spark and Arrow schemas (one column list)
+* `schema`       the export's two datasets: one column list, Arrow schemas (no Spark import: the
+                 export writes with it)
+* `spark_schema` the same datasets as Spark schemas, for the job
 * `inventory`    lists and checks the export's files on the driver (what is read, what skipped)
 * `aggregates`   the aggregates as DataFrame transformations; their definitions are in its doc
 * `names`        names of the outputs (no Spark import: the dashboard uses it)
 * `output`       writes the small aggregates and summary.json
 * `job`          `build_spark`, `run_analysis` and the command line / spark-submit entry
 * `svg_charts`   inline-SVG charts; `dashboard` builds the HTML page from the aggregates
-* `synthetic`    synthetic exports with known answers (`synthetic_world`, `synthetic_traffic`,
-                 `known_answers` are its parts)
+
+Synthetic exports with known answers, for the tests and the benchmark, are in
+tests/support/synthetic/.
 
 Nothing is imported here, so the dashboard can be used without loading Spark.
 """

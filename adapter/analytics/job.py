@@ -40,12 +40,8 @@ from adapter.analytics import aggregates as agg
 from adapter.analytics import names
 from adapter.analytics.inventory import DatasetInventory, inventory_dataset
 from adapter.analytics.output import OutputDir
-from adapter.analytics.schema import (
-    MESSAGES_ARROW_SCHEMA,
-    MESSAGES_SCHEMA,
-    RECEIPTS_ARROW_SCHEMA,
-    RECEIPTS_SCHEMA,
-)
+from adapter.analytics.schema import MESSAGES_ARROW_SCHEMA, RECEIPTS_ARROW_SCHEMA
+from adapter.analytics.spark_schema import MESSAGES_SCHEMA, RECEIPTS_SCHEMA
 
 EXIT_OK, EXIT_NOTHING_READ, EXIT_USAGE = 0, 1, 2
 DEFAULT_APP_NAME: Final = "rethink-mn-analytics"

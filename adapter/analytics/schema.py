@@ -1,8 +1,10 @@
-"""The two datasets of the room-event export (docs/export-schema.md), as Spark and Arrow schemas.
+"""The two datasets of the room-event export (docs/export-schema.md): columns and Arrow schemas.
 
-One column list drives both, so the job (Spark) and the synthetic generator (pyarrow) cannot drift
-apart. `date` is the Hive partition column: it lives in the directory name (`date=YYYY-MM-DD`),
-not inside the Parquet files, so the Arrow *file* schemas leave it out.
+One column list drives the Arrow schemas here and the Spark schemas in `spark_schema`, so the
+export, the job (Spark) and the synthetic generator (pyarrow) cannot drift apart. No Spark import:
+`rethink-mn export` writes with these schemas and must not pay for loading pyspark. `date` is the
+Hive partition column: it lives in the directory name (`date=YYYY-MM-DD`), not inside the Parquet
+files, so the Arrow *file* schemas leave it out.
 """
 
 from __future__ import annotations
@@ -10,14 +12,6 @@ from __future__ import annotations
 from typing import Final, Literal
 
 import pyarrow as pa
-from pyspark.sql.types import (
-    DataType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
 ColumnKind = Literal["string", "int32", "int64"]
 
@@ -48,6 +42,7 @@ MESSAGES_COLUMNS: Final[tuple[tuple[str, ColumnKind], ...]] = (
     ("response_code", "int32"),
     ("service", "string"),
     ("addresses", "int32"),
+    ("identity", "string"),
 )
 
 RECEIPTS_COLUMNS: Final[tuple[tuple[str, ColumnKind], ...]] = (
@@ -75,11 +70,6 @@ KINDS: Final = (
 )
 SERVICES: Final = ("allocation", "subscription", "registry", "global-registry", "idm", "other")
 
-_SPARK_TYPES: Final[dict[ColumnKind, DataType]] = {
-    "string": StringType(),
-    "int32": IntegerType(),
-    "int64": LongType(),
-}
 _ARROW_TYPES: Final[dict[ColumnKind, pa.DataType]] = {
     "string": pa.string(),
     "int32": pa.int32(),
@@ -87,23 +77,9 @@ _ARROW_TYPES: Final[dict[ColumnKind, pa.DataType]] = {
 }
 
 
-def _spark_schema(columns: tuple[tuple[str, ColumnKind], ...]) -> StructType:
-    # Every column nullable: Parquet readers treat them so anyway, and the export leaves fields
-    # null when a message lacks them.
-    fields = [StructField(name, _SPARK_TYPES[kind], nullable=True) for name, kind in columns]
-    fields.append(StructField(PARTITION_COLUMN, StringType(), nullable=True))
-    return StructType(fields)
-
-
 def _arrow_file_schema(columns: tuple[tuple[str, ColumnKind], ...]) -> pa.Schema:
     return pa.schema([pa.field(name, _ARROW_TYPES[kind], nullable=True) for name, kind in columns])
 
-
-MESSAGES_SCHEMA: Final[StructType] = _spark_schema(MESSAGES_COLUMNS)
-"""Spark schema of `messages`, partition column `date` (string) last."""
-
-RECEIPTS_SCHEMA: Final[StructType] = _spark_schema(RECEIPTS_COLUMNS)
-"""Spark schema of `receipts`, partition column `date` (string) last."""
 
 MESSAGES_ARROW_SCHEMA: Final[pa.Schema] = _arrow_file_schema(MESSAGES_COLUMNS)
 """Arrow schema of one `messages` Parquet file (without the partition column)."""

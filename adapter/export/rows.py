@@ -12,7 +12,8 @@ from typing import Any
 
 import orjson
 
-from ..routing import carrier
+from .. import carrier
+from ..envelope import addresses
 from ..services.allocation import ENDPOINTS as ALLOCATION_ENDPOINTS
 from ..services.allocation import flatten_addresses
 from ..services.subscriptions import requested_resources
@@ -45,14 +46,7 @@ def message_fields(text: Any) -> tuple[Row, dict[str, Any] | None]:
     msg_id = parsed.get("id")
     msg_type = parsed.get("type")
     sender = parsed.get("from")
-    to = parsed.get("to")
-    targets = (
-        [to]
-        if isinstance(to, str)
-        else [t for t in to if isinstance(t, str)]
-        if isinstance(to, list)
-        else []
-    )
+    targets = addresses(parsed.get("to"))
     body = parsed.get("body")
     from_scheme, from_domain = split_address(sender if isinstance(sender, str) else None)
     to_scheme, to_domain = split_address(targets[0] if targets else None)
@@ -168,19 +162,20 @@ async def rows_for_event(event: dict[str, Any], fetch: MediaFetcher) -> tuple[li
         "carrier": carrier.media_kind(content),
         "service": None,
         "addresses": None,
+        "identity": None,
         "date": utc_date(origin),
     }
     if event_type == carrier.BATCH_EVENT:
-        items = [text for text, _ in await carrier.decode_messages(content, fetch)]
-        runtime = content.get("runtime") if isinstance(content, dict) else None
+        items = await _routed(content, fetch)
         rows = []
-        for index, text in enumerate(items):
+        for index, (text, runtime, identity) in enumerate(items):
             fields, _ = message_fields(text)
             rows.append(
                 {
                     **base,
                     **fields,
                     "runtime": runtime,
+                    "identity": identity,
                     "ts": origin,
                     "messages_in_event": len(items),
                     "index_in_event": index,
@@ -192,6 +187,19 @@ async def rows_for_event(event: dict[str, Any], fetch: MediaFetcher) -> tuple[li
         entries = await carrier.decode_entries(content, fetch)
         return _journal_rows(base, entries)
     raise carrier.CarrierError(f"not a node event type: {event_type!r}")
+
+
+async def _routed(content: Any, fetch: MediaFetcher) -> list[tuple[Any, str | None, str | None]]:
+    """(text, sending runtime, its proven identity) per message of a batch event: a lane batch
+    names each message's runtime; an older outbox batch was one runtime's."""
+    if carrier.batch_format(content) == carrier.LEGACY_FORMAT:
+        runtime = content.get("runtime") if isinstance(content, dict) else None
+        texts = await carrier.decode_legacy_batch(content, fetch)
+        return [(text, runtime if isinstance(runtime, str) else None, None) for text in texts]
+    return [
+        (r.text, r.sender.runtime, r.sender.identity)
+        for r in await carrier.decode_batch(content, fetch)
+    ]
 
 
 def _entry_ts(entry: dict[str, Any], fallback: int) -> int:

@@ -26,9 +26,9 @@ import pyarrow.parquet as pq
 from appservice.api import HomeserverClient, HomeserverUnreachable, MatrixError
 from appservice.intent import AppserviceAPI
 
+from .. import carrier
 from ..analytics.schema import MESSAGES_ARROW_SCHEMA, RECEIPTS_ARROW_SCHEMA
 from ..config import NodeConfig
-from ..routing import carrier
 from ..storage.database import Database
 from ..storage.exports import ExportPositionStore
 from ..storage.rooms import RoomStore

@@ -19,9 +19,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from ruamel.yaml import YAML
+
+from .ip_blocklist import blocklist_except
 
 SYNAPSE_VERSION = "1.163.2"
 # The whole dependency tree of that Synapse, pinned, so every install is the same.
@@ -63,7 +66,8 @@ def ensure_synapse_installed(
     """
     venv = venv or synapse_venv_path()
     python = venv / "bin" / "python"
-    marker = venv / ".rethink-mn-installed"
+    # Named after what the install holds: a venv from before psycopg2 was added is redone once.
+    marker = venv / ".rethink-mn-installed-with-postgres"
     if marker.exists():
         return python
     with _file_lock(venv.with_name(venv.name + ".lock")):
@@ -82,6 +86,8 @@ def ensure_synapse_installed(
                 "--quiet",
                 "--disable-pip-version-check",
                 f"matrix-synapse=={SYNAPSE_VERSION}",
+                # Synapse's PostgreSQL driver, prebuilt (the `postgres` extra would compile it).
+                "psycopg2-binary",
                 *constraints,
             ],
             "pip install Synapse",
@@ -114,6 +120,26 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @dataclass(frozen=True)
+class FederationSettings:
+    """A TLS federation listener and the peers this homeserver federates with (no others)."""
+
+    port: int
+    certificate: Path
+    private_key: Path
+    # The CA(s) the peers' certificates are checked against, instead of the system's.
+    ca_certificates: tuple[Path, ...]
+    peers: tuple[str, ...]
+    # Synapse's default blocklist forbids outbound federation to loopback; the peers' addresses
+    # are let through, no other.
+    peer_addresses: tuple[str, ...] = ("127.0.0.1",)
+    # Synapse waits up to a minute between retries of a federation request and backs off an
+    # unreachable server for 10 minutes at first, up to a week; a local peer that was restarted
+    # is reached again within seconds instead.
+    retry_min: str = "1s"
+    retry_max: str = "10s"
+
+
+@dataclass(frozen=True)
 class SynapseSettings:
     data_dir: Path
     server_name: str
@@ -123,10 +149,19 @@ class SynapseSettings:
     max_upload_size: str = "200M"
     # Further appservices on the same homeserver (the benchmark registers a baseline one).
     extra_registrations: tuple[Path, ...] = ()
+    # Synapse's own database: SQLite in the data directory, or this PostgreSQL database
+    # (postgresql://user@host:port/name, created with the C collation Synapse requires).
+    database_url: str | None = None
+    # None: no federation at all, as for a single domain.
+    federation: FederationSettings | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.port,) if self.federation is None else (self.port, self.federation.port)
 
     @property
     def config_file(self) -> Path:
@@ -138,8 +173,9 @@ class SynapseSettings:
 
 
 def write_homeserver_config(settings: SynapseSettings) -> Path:
-    """A homeserver for one machine: loopback client listener only (no federation listener),
-    SQLite, no stats reporting, no key servers to contact, our appservice registered.
+    """A homeserver for one machine: loopback client listener, SQLite (or the PostgreSQL database
+    the settings name), no stats reporting, no key servers to contact, our appservice registered.
+    No federation unless the settings ask for it, and then only with the peers they name.
 
     Secrets generated on the first write are kept on later writes, so sessions and the signing
     key stay valid across restarts of the local stack."""
@@ -189,7 +225,7 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
                 "resources": [{"names": ["client"], "compress": False}],
             }
         ],
-        "database": {"name": "sqlite3", "args": {"database": str(data / "homeserver.db")}},
+        "database": _database(settings, data),
         "log_config": str(log_config),
         "media_store_path": str(data / "media_store"),
         "max_upload_size": settings.max_upload_size,
@@ -208,9 +244,59 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
             str(p.resolve()) for p in (settings.registration_file, *settings.extra_registrations)
         ],
     }
+    if settings.federation is not None:
+        config = _with_federation(config, settings.host, settings.federation)
     with settings.config_file.open("w") as handle:
         yaml.dump(config, handle)
     return settings.config_file
+
+
+def _with_federation(
+    config: dict[str, Any], host: str, federation: FederationSettings
+) -> dict[str, Any]:
+    listener = {
+        "port": federation.port,
+        "bind_addresses": [host],
+        "type": "http",
+        "tls": True,
+        "x_forwarded": False,
+        "resources": [{"names": ["federation", "keys"], "compress": False}],
+    }
+    return {
+        **config,
+        "listeners": [*config["listeners"], listener],
+        "tls_certificate_path": str(federation.certificate.resolve()),
+        "tls_private_key_path": str(federation.private_key.resolve()),
+        "federation_domain_whitelist": list(federation.peers),
+        "federation_verify_certificates": True,
+        "federation_custom_ca_list": [str(p.resolve()) for p in federation.ca_certificates],
+        # Also read by Synapse's other outbound clients (push, identity servers), none of which
+        # a local stack configures.
+        "ip_range_blacklist": blocklist_except(federation.peer_addresses),
+        "federation": {
+            "max_long_retry_delay": federation.retry_max,
+            "destination_min_retry_interval": federation.retry_min,
+            "destination_max_retry_interval": federation.retry_max,
+        },
+    }
+
+
+def _database(settings: SynapseSettings, data: Path) -> dict[str, Any]:
+    if settings.database_url is None:
+        return {"name": "sqlite3", "args": {"database": str(data / "homeserver.db")}}
+    url = urlsplit(settings.database_url)
+    return {
+        "name": "psycopg2",
+        "args": {
+            "user": url.username or "postgres",
+            "password": url.password or "",
+            "host": url.hostname or "127.0.0.1",
+            "port": url.port or 5432,
+            "database": url.path.lstrip("/"),
+            "cp_min": 5,
+            "cp_max": 10,
+        },
+    }
 
 
 def _die_with_parent() -> None:
@@ -241,11 +327,12 @@ class SynapseProcess:
         )
 
     def start(self) -> None:
-        if not port_is_free(self.settings.host, self.settings.port):
-            raise LocalStackError(
-                f"port {self.settings.host}:{self.settings.port} is already in use: stop what "
-                "holds it or choose another homeserver port"
-            )
+        for port in self.settings.ports:
+            if not port_is_free(self.settings.host, port):
+                raise LocalStackError(
+                    f"port {self.settings.host}:{port} is already in use: stop what holds it "
+                    "or choose another homeserver port"
+                )
         log = self.settings.log_file.open("ab")
         self._proc = subprocess.Popen(
             [

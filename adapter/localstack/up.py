@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ from ..config import NodeConfig, load_config
 from ..configfile import generate_registration, write_registration
 from ..node import Node
 from ..storage import migrate
+from .federation import federating, start_homeservers
 from .synapse import (
     LocalStackError,
     SynapseProcess,
@@ -26,6 +28,10 @@ from .synapse import (
 )
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# Two-domain mode: each domain's state (registration, Synapse data, node database) in its own
+# directory under the state directory, and the local federation CA beside them.
+DOMAIN_DIRS = ("domain-a", "domain-b")
+TLS_DIR = "federation-tls"
 
 
 def ensure_config(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> NodeConfig:
@@ -35,7 +41,12 @@ def ensure_config(config_path: Path, state_dir: Path, say: Callable[[str], None]
         config, _ = generate_registration(
             config_path,
             registration,
-            {"database.url": f"sqlite:///{(state_dir / 'rethink-mn.db').as_posix()}"},
+            {
+                "database.url": f"sqlite:///{(state_dir / 'rethink-mn.db').as_posix()}",
+                # A development node: reTHINK's own stubs and tools connect NoMatrix-style
+                # (v2 without hello) and must work; a production config chooses `refuse`.
+                "stub.tokenless_sessions": "allow",
+            },
         )
         return config
     config = load_config(config_path)
@@ -57,6 +68,37 @@ def homeserver_settings(config: NodeConfig, state_dir: Path) -> SynapseSettings:
         port=url.port or 8008,
         registration_file=state_dir / "registration.yaml",
     )
+
+
+def two_domain_settings(
+    configs: tuple[NodeConfig, NodeConfig], state_dir: Path
+) -> tuple[SynapseSettings, SynapseSettings]:
+    """The two homeservers of a two-domain stack, federating with each other only.
+
+    Each domain's `homeserver.server_name` must be its federation address, `127.0.0.1:<port>`
+    (distinct from the client port of `homeserver.url`); its registration is expected at
+    `<state_dir>/domain-a|b/registration.yaml`, where `ensure_config(…, <that dir>, …)` writes it.
+    """
+    plain = [
+        homeserver_settings(config, state_dir / name)
+        for config, name in zip(configs, DOMAIN_DIRS, strict=True)
+    ]
+    a, b = federating(plain, state_dir / TLS_DIR)
+    return a, b
+
+
+async def start_two_homeservers(
+    state_dir: Path, configs: tuple[NodeConfig, NodeConfig], say: Callable[[str], None]
+) -> tuple[SynapseProcess, SynapseProcess]:
+    """Install Synapse if needed, then configure and start both domains' homeservers and wait
+    until both answer. The caller stops them (`stop_async`) when done; their settings are on
+    the processes (`.settings`)."""
+    settings = two_domain_settings(configs, state_dir)
+    python = await asyncio.to_thread(ensure_synapse_installed, None, say)
+    a, b = await start_homeservers(python, settings, say)
+    for process in (a, b):
+        say(f"Synapse {process.settings.server_name} is up (pid {process.pid})")
+    return a, b
 
 
 async def up(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> int:
@@ -105,15 +147,114 @@ async def up(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> 
     return exit_code
 
 
-async def _wait_for_stop_or_crash(stop: asyncio.Event, synapse: SynapseProcess) -> int:
+async def _wait_for_stop_or_crash(stop: asyncio.Event, *synapses: SynapseProcess) -> int:
     while not stop.is_set():
-        code = synapse.exit_code()
-        if code is not None:
-            raise LocalStackError(
-                f"Synapse exited unexpectedly (code {code}); last log lines:\n{synapse.log_tail()}"
-            )
+        for synapse in synapses:
+            code = synapse.exit_code()
+            if code is not None:
+                raise LocalStackError(
+                    f"Synapse exited unexpectedly (code {code}); last log lines:\n"
+                    f"{synapse.log_tail()}"
+                )
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
         except TimeoutError:
             continue
     return 0
+
+
+@dataclass(frozen=True)
+class LocalDomain:
+    """One domain of the two-domain stack: its name and where its parts listen."""
+
+    domain: str
+    client_port: int  # Synapse's client API
+    federation_port: int  # Synapse's federation listener; its server name is 127.0.0.1:<this>
+    appservice_port: int
+    stub_port: int
+
+
+LOCAL_DOMAINS = (
+    LocalDomain("a.localhost", 8008, 8448, 8009, 9090),
+    LocalDomain("b.localhost", 8018, 8449, 8019, 9091),
+)
+
+
+def two_domain_config(
+    state_dir: Path,
+    index: int,
+    say: Callable[[str], None],
+    domains: tuple[LocalDomain, LocalDomain] = LOCAL_DOMAINS,
+) -> NodeConfig:
+    """The configuration of one domain of the two-domain stack, created on first use (kept
+    under its own directory, so editing it changes that domain)."""
+    here, peer = domains[index], domains[1 - index]
+    directory = state_dir / DOMAIN_DIRS[index]
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.yaml"
+    if path.exists():
+        config = load_config(path)
+        write_registration(config, directory / "registration.yaml")
+        return config
+    say(f"creating {path} for {here.domain} with fresh tokens")
+    config, _ = generate_registration(
+        path,
+        directory / "registration.yaml",
+        {
+            "domain": here.domain,
+            "homeserver.url": f"http://127.0.0.1:{here.client_port}",
+            "homeserver.server_name": f"127.0.0.1:{here.federation_port}",
+            "appservice.listen.port": here.appservice_port,
+            "appservice.public_url": f"http://127.0.0.1:{here.appservice_port}",
+            "stub.listen.port": here.stub_port,
+            "stub.tokenless_sessions": "allow",
+            "database.url": f"sqlite:///{(directory / 'rethink-mn.db').as_posix()}",
+            "federation.peers": {peer.domain: {"server_name": f"127.0.0.1:{peer.federation_port}"}},
+        },
+    )
+    return config
+
+
+async def up_two_domains(state_dir: Path, say: Callable[[str], None]) -> int:
+    """Two reTHINK domains on this machine: two Synapses federating over loopback (a local CA
+    signs their certificates) and a node for each."""
+    await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
+    configs = (two_domain_config(state_dir, 0, say), two_domain_config(state_dir, 1, say))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    synapses: tuple[SynapseProcess, ...] = ()
+    nodes: list[Node] = []
+    try:
+        synapses = await start_two_homeservers(state_dir, configs, say)
+        for config in configs:
+            await migrate.upgrade(config.database.url)
+            node = Node(config)
+            await node.start()
+            nodes.append(node)
+        a, b = nodes
+        demo = (
+            f"http://127.0.0.1:{a.stub_port}/demo?peer="
+            f"ws://127.0.0.1:{b.stub_port}/stub/connect&peerDomain={configs[1].domain}"
+        )
+        lines = [
+            f"  {config.domain}: runtimes connect to ws://127.0.0.1:{node.stub_port}/stub/connect"
+            f" (homeserver {config.homeserver.server_name})"
+            for config, node in zip(configs, nodes, strict=True)
+        ]
+        say(
+            "ready, two domains:\n" + "\n".join(lines) + f"\n  demo across domains: {demo}\n"
+            "press Ctrl-C to stop"
+        )
+        exit_code = await _wait_for_stop_or_crash(stop, *synapses)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        for node in nodes:
+            await node.stop()
+        if synapses:
+            say("stopping Synapse")
+        for synapse in synapses:
+            await synapse.stop_async()
+    return exit_code

@@ -1,126 +1,108 @@
-"""Where routed messages leave the node for runtimes: the batch events the homeserver pushes.
+"""Where routed messages leave the node for runtimes.
 
-For each event, in the order the homeserver sends them: read the batch (inline or from the media
-repository), find each message's destinations in the routing table as it is now, and hand the
-exact text to every destination session: to its socket if connected, else kept in the database
-for its resume. Receipts of how many runtimes each message reached go to the journal. Kept
-messages are written before the transaction is acknowledged.
+A lane hands over each event's messages once the homeserver has persisted it (recovery does the
+same for events it reads again after a restart). For each message, in order: drop it if its
+sender's number is not above the highest already routed from that origin (a resend the lane
+carried twice), find its destinations in the routing table as it is now, and hand it to every
+destination session's mailbox: to its socket if connected, else kept for its resume. Receipts of
+how many runtimes each message reached go to the journal.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
 
-import orjson
-import structlog
-
-from appservice.api import HomeserverUnreachable, MatrixError
-from appservice.intent import AppserviceAPI
-
-from ..inbound import RetryTransaction
+from ..carrier import Routed
 from ..observability import NodeMetrics
-from ..sessions import SessionManager
-from . import carrier
+from ..routing_table import RoutingTable
+from ..sessions.mailbox import Parcel
+from ..sessions.registry import SessionRegistry
 from .journal import Journal
-from .table import RoutingTable
-
-log = structlog.get_logger(__name__)
+from .settlement import Ticket
 
 
 class Delivery:
     def __init__(
         self,
-        api: AppserviceAPI,
         table: RoutingTable,
-        sessions: SessionManager,
+        sessions: SessionRegistry,
         journal: Journal,
         metrics: NodeMetrics,
+        marks: dict[str, int],
+        waiting_limit: int = 64 * 1024 * 1024,
     ) -> None:
-        self._api = api
         self._table = table
         self._sessions = sessions
         self._journal = journal
         self._metrics = metrics
+        # Per origin, the highest message number routed so far (restored from the settled
+        # marks at start, then kept up to date here).
+        self.marks = marks
+        self._waiting_limit = waiting_limit
 
-    async def on_batch_events(self, txn_id: str, events: list[dict[str, Any]]) -> None:
-        for event in events:
-            await self._deliver_event(event)
-        # Kept messages must be durable before the homeserver considers them delivered.
-        await self._sessions.persist_pending()
+    def routed_through(self, origin: str) -> int:
+        return self.marks.get(origin, 0)
 
-    async def _fetch(self, uri: str) -> bytes:
-        try:
-            return await self._api.bot.download(uri)
-        except (HomeserverUnreachable, MatrixError) as exc:
-            if isinstance(exc, MatrixError) and exc.status == 404:
-                raise carrier.CarrierError(f"media {uri} not found") from None
-            # Not this event's fault: make the homeserver retry the transaction later.
-            raise RetryTransaction(f"media {uri} unavailable: {exc}") from exc
-
-    async def _deliver_event(self, event: dict[str, Any]) -> None:
-        event_id = event.get("event_id")
-        try:
-            messages = await carrier.decode_messages(event.get("content"), self._fetch)
-        except carrier.CarrierError as exc:
-            log.warning("undecodable batch event skipped", event_id=event_id, error=str(exc))
-            self._metrics.matrix_events_in.labels("undecodable").inc()
-            return
-        sender = self._sessions.by_user(str(event.get("sender", "")))
-        sender_id = sender.id if sender is not None else None
-        sent_at = event.get("origin_server_ts")
-        delivered: list[int] = []
-        for text, to in messages:
-            delivered.append(await self.deliver_text(text, sender_id, event_id, to))
-        self._metrics.matrix_events_in.labels("delivered").inc()
-        if isinstance(sent_at, int):
-            self._metrics.route_seconds.observe(max(time.time() - sent_at / 1000, 0.0))
-        if isinstance(event_id, str):
-            self._journal.receipt(event_id, delivered)
-
-    async def deliver_text(
+    async def deliver(
         self,
-        text: Any,
-        sender_id: int | None,
-        event_id: Any,
-        to: tuple[str, ...] | None = None,
-    ) -> int:
-        """Hand one message text to every session its `to` names (read from the text unless the
-        carrier brought it along); returns how many."""
-        if not isinstance(text, str):
-            self._metrics.messages_out.labels("malformed").inc()
-            return 0
-        targets = to if to is not None else _targets(text)
-        if targets is None:
-            self._metrics.messages_out.labels("malformed").inc()
-            return 0
-        sessions = self._table.destinations(targets, sender_id).sessions
-        if not sessions:
+        messages: Sequence[Routed],
+        ticket: Ticket | None,
+        arrived: float | None = None,
+        inspect: Callable[[Routed], bool] | None = None,
+    ) -> None:
+        """Deliver one event's messages (``ticket`` None for the relay baseline, which has no
+        events); ``arrived`` is when the first of them reached the node (time.monotonic), for
+        the routing-latency metric. ``inspect`` sees each new message first and says whether
+        it is delivered (a peer domain's messages: the node answers or acts on some itself)."""
+        delivered: list[int] = []
+        marks = self.marks
+        for routed in messages:
+            origin = routed.sender.origin
+            if routed.oseq <= marks.get(origin, 0):
+                self._metrics.duplicates.labels("delivery").inc()
+                delivered.append(0)
+                continue
+            marks[origin] = routed.oseq
+            if ticket is not None:
+                ticket.marks[origin] = routed.oseq
+            if inspect is not None and not inspect(routed):
+                delivered.append(0)
+                continue
+            delivered.append(await self._deliver_one(routed, ticket))
+        if ticket is not None:
+            ticket.sealed = True
+            if ticket.event_id is not None:
+                self._journal.receipt(ticket.event_id, delivered)
+        self._metrics.matrix_events_in.labels("delivered").inc()
+        if arrived is not None:
+            self._metrics.route_seconds.observe(time.monotonic() - arrived)
+
+    async def _deliver_one(self, routed: Routed, ticket: Ticket | None) -> int:
+        sender = self._sessions.by_origin(routed.sender.origin)
+        targets = self._table.destinations(
+            routed.to, sender.id if sender is not None else None
+        ).sessions
+        if not targets:
             self._metrics.messages_out.labels("no_destination").inc()
             return 0
-        payload = text.encode() if len(sessions) > 1 else None
+        parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)
         live = queued = 0
-        for session_id in sessions:
-            outcome = await self._sessions.deliver(session_id, text, event_id, payload)
-            if outcome == "live":
+        for session_id in targets:
+            session = self._sessions.get(session_id)
+            if session is None:
+                continue
+            if session.mailbox.waiting_bytes > self._waiting_limit:
+                # A subscriber that stays away with its backlog full (a direct destination's
+                # sender is refused 413 at the ingress instead).
+                self._metrics.quota_refusals.labels("waiting_bytes").inc()
+                continue
+            if await session.mailbox.deliver(parcel, ticket) == "live":
                 live += 1
-            elif outcome == "queued":
+            else:
                 queued += 1
         if live:
             self._metrics.messages_out.labels("live").inc(live)
         if queued:
             self._metrics.messages_out.labels("queued").inc(queued)
-        count = live + queued
-        return count
-
-
-def _targets(text: str) -> tuple[str, ...] | None:
-    try:
-        to = orjson.loads(text).get("to")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    if isinstance(to, str):
-        return (to,)
-    if isinstance(to, list):
-        return tuple(t for t in to if isinstance(t, str))
-    return ()
+        return live + queued

@@ -3,10 +3,14 @@
 Every frame a stub sends that is a reTHINK message comes here, and one of three things happens:
 - it is for an MN service (allocation, subscription manager, registry, global registry, IdM):
   the service answers directly, without waiting for Matrix, and the exchange is journalled;
-- it has destinations: it goes to the sender's outbox, and so through Matrix (delivery happens
-  when the homeserver pushes the event back, see ``delivery.py``);
+- it has destinations: it goes to its sender's lane, and so through Matrix (delivery happens once
+  the homeserver has persisted the event, see ``lanes.py`` and ``delivery.py``);
 - it is refused (bad header 400, policy 403/429, unknown destination 404, backlog 503): the
   sender gets an error response at once and the refusal is journalled.
+
+A message from a stub that numbers its messages is done — and acknowledged to the stub — when it
+is durable: answered, refused, or in a persisted event. The node's answers go through the
+session's mailbox, so a stub that acknowledges deliveries gets them again after a reconnect.
 """
 
 from __future__ import annotations
@@ -16,9 +20,22 @@ from typing import Any
 
 import structlog
 
-from ..messages import InvalidMessage, Message, answer, check_header, control_error, response
+from ..carrier import Routed
+from ..config import QuotaConfig
+from ..envelope import (
+    InvalidMessage,
+    Message,
+    answer,
+    check_header,
+    control_error,
+    reply_origin,
+    response,
+    with_body_fields,
+)
+from ..identity.assertion import check_assertion
+from ..identity.model import Identity
 from ..observability import NodeMetrics
-from ..policy import PolicyEngine
+from ..routing_table import RoutingTable
 from ..services.base import MnService, Requester
 from ..services.registry import (
     GLOBAL_REGISTRY_ADDRESS,
@@ -26,12 +43,16 @@ from ..services.registry import (
     idm_address,
     is_service_address,
 )
+from ..sessions.link import Link
+from ..sessions.mailbox import Parcel
+from ..sessions.session import Attachment
+from ..sessions.upstream import Pending
 from ..storage.routes import RouteStore
-from ..stub.connection import StubConnection
-from .carrier import Outgoing
+from .federation import Federation
 from .journal import Journal
-from .stream import BatchStream
-from .table import RoutingTable
+from .lanes import Outbox, Outboxes, Outgoing
+from .peers import PeerRefused
+from .policy import PolicyEngine
 
 log = structlog.get_logger(__name__)
 
@@ -78,114 +99,236 @@ class Ingress:
         self,
         table: RoutingTable,
         services: ServiceDirectory,
-        outbox_for: Callable[[Any], BatchStream[Outgoing]],
+        outboxes: Outboxes,
         journal: Journal,
         routes: RouteStore,
         policy: PolicyEngine,
+        routed_through: Callable[[str], int],
         metrics: NodeMetrics,
+        quotas: QuotaConfig,
+        waiting_bytes: Callable[[int], int],
         backpressure_timeout: float = 10.0,
+        federation: Federation | None = None,
     ) -> None:
         self._table = table
         self._services = services
-        self._outbox_for = outbox_for
+        self._outboxes = outboxes
         self._journal = journal
         self._routes = routes
         self._policy = policy
+        self._routed_through = routed_through
         self._metrics = metrics
+        self._quotas = quotas
+        # Bytes kept for a session that is away or slow (its mailbox).
+        self._waiting_bytes = waiting_bytes
         self._backpressure_timeout = backpressure_timeout
+        # Links to other reTHINK domains' nodes (None: this node routes inside its domain).
+        self._federation = federation
 
     async def on_message(
-        self, session: Any, connection: StubConnection, raw: str, parsed: dict[str, Any]
+        self,
+        attachment: Attachment,
+        raw: str,
+        parsed: dict[str, Any],
+        pending: Pending | None = None,
     ) -> None:
+        """Decide one message. ``pending`` is its place in the stub's numbering, when the stub
+        numbers its messages; it is marked done once the message is durable."""
+        upstream = attachment.upstream
+        if pending is not None and upstream is not None:
+            if pending.seq <= self._routed_through(upstream.origin):
+                # Carried before a restart of the node; its stub missed the acknowledgement.
+                self._metrics.duplicates.labels("ingress").inc()
+                upstream.done(pending)
+                return
+            routed = await self._decide(attachment, raw, parsed, pending)
+            if not routed:
+                upstream.done(pending)
+            return
+        await self._decide(attachment, raw, parsed, None)
+
+    async def _decide(
+        self, attachment: Attachment, raw: str, parsed: dict[str, Any], pending: Pending | None
+    ) -> bool:
+        """Returns whether the message went to an outbox (done when it is persisted)."""
+        session = attachment.session
         try:
             message = check_header(raw, parsed)
         except InvalidMessage as exc:
-            await self.refuse_frame(session, connection, raw, exc)
-            return
-        denial = self._policy.check(session.id, message)
+            await self.refuse_frame(attachment, attachment.link, raw, exc)
+            return False
+        denial = self._policy.check(session.id, message, session.identity)
         if denial is not None:
-            await self._refuse(session, connection, message, denial.code, denial.reason)
-            return
+            await self._refuse(attachment, message, denial.code, denial.reason)
+            return False
+        raw, refusal = self._assert_identity(session.identity, message)
+        if refusal is not None:
+            await self._refuse(attachment, message, 403, refusal)
+            return False
 
         service = self._services.lookup(message.to_first)
         if service is not None:
             if message.type == "response":
                 # The MN sends no requests, so a response to one of its services answers nothing.
                 self._metrics.messages_in.labels("response_to_service").inc()
-                return
-            await self._serve(service, session, connection, message)
-            return
+                return False
+            await self._serve(service, attachment, message)
+            return False
 
-        if self._table.learn(session.id, message.from_):
-            await self._routes.learn(session.id, message.from_)
+        if not self._table.belongs_to(session.id, message.from_):
+            if self._table.holdings(session.id).learned >= self._quotas.learned_routes:
+                self._metrics.quota_refusals.labels("learned_routes").inc()
+                await self._refuse(
+                    attachment,
+                    message,
+                    429,
+                    f"a runtime may send from at most {self._quotas.learned_routes} addresses "
+                    "it was not allocated",
+                )
+                return False
+            if self._table.learn(session.id, message.from_):
+                await self._routes.learn(session.id, message.from_)
         destinations = self._table.destinations(message.to, session.id)
-        if not destinations.known:
+        remote = self._remote_domains(message.to, destinations.domains, session.id)
+        if not destinations.known and not remote:
             if message.type == "response":
                 # Answering a response would start a loop of error answers; count and drop.
                 self._metrics.messages_in.labels("unroutable_response").inc()
-                return
-            await self._refuse(
-                session, connection, message, 404, f"no route to {' '.join(message.to)}"
-            )
-            return
+                return False
+            await self._refuse(attachment, message, 404, f"no route to {' '.join(message.to)}")
+            return False
+        outboxes: list[Outbox] = []
+        if destinations.sessions or not remote:
+            outboxes.append(self._outboxes.for_session(session))
+        for domain in sorted(remote):
+            assert self._federation is not None  # there are remote domains only with it
+            try:
+                outboxes.append(await self._federation.link(domain))
+            except PeerRefused as refused:
+                await self._refuse(attachment, message, refused.code, refused.reason)
+                return False
 
-        outbox = self._outbox_for(session)
-        # A sender faster than the homeserver is slowed down, not refused: while this waits,
-        # the node reads no further frame from this stub, and TCP holds the sender back. Only a
-        # homeserver that stays unable to take the runtime's messages gets it a 503.
-        if not outbox.has_room_for(len(raw)) and not await outbox.wait_for_room(
-            len(raw), self._backpressure_timeout
-        ):
-            await self._refuse(
-                session,
-                connection,
-                message,
-                503,
-                "the node is waiting for the homeserver; retry later",
-            )
-            return
-        outbox.push(Outgoing(raw, message.to))
+        for owner in destinations.owners:
+            if self._waiting_bytes(owner) + len(raw) > self._quotas.waiting_bytes:
+                self._metrics.quota_refusals.labels("waiting_bytes").inc()
+                await self._refuse(
+                    attachment, message, 413, "too much is waiting for the destination runtime"
+                )
+                return False
+
+        for outbox in outboxes:
+            if not outbox.has_room_for(len(raw)) and not await self._wait_for_room(
+                outbox, len(raw), attachment
+            ):
+                await self._refuse(
+                    attachment, message, 503, "the node is waiting for the homeserver; retry later"
+                )
+                return False
+        upstream = attachment.upstream
+        if upstream is not None and pending is not None:
+            sender, oseq = session.sender(upstream.origin), pending.seq
+        else:
+            origin, oseq = session.node_numbered()
+            sender = session.sender(origin)
+        routed = Routed(raw, message.to, sender, oseq)
+        # Durable once every event carrying it is: the local lane's and each peer domain's.
+        parts = [len(outboxes)] if len(outboxes) > 1 else None
+        for outbox in outboxes:
+            outbox.push(Outgoing(routed, session.id, upstream, pending, parts=parts))
         self._metrics.messages_in.labels("routed").inc()
+        return True
 
-    async def _serve(
-        self, service: MnService, session: Any, connection: StubConnection, message: Message
-    ) -> None:
+    def _remote_domains(
+        self, addresses: tuple[str, ...], subscribed: frozenset[str], session_id: int
+    ) -> set[str]:
+        """The peer domains a message goes to: those of addresses this node has no route for
+        itself, and those subscribed to one of its addresses."""
+        if self._federation is None:
+            return set()
+        found = set(subscribed)
+        for address in addresses:
+            domain = self._federation.peers.remote_domain(address)
+            if domain is not None and not self._table.destinations((address,), session_id).known:
+                found.add(domain)
+        return found
+
+    @staticmethod
+    def _assert_identity(identity: Identity | None, message: Message) -> tuple[str, str | None]:
+        """(the message's text as it goes on, a reason to refuse it). The text gets
+        ``assertedIdentity: true`` when the identity it asserts — or, from an authenticated
+        runtime asserting none, the session's own, added — is the one the runtime proved; a
+        message asserting someone else is refused."""
+        check = check_assertion(message.body, identity)
+        if check.outcome == "mismatch":
+            return message.raw, check.reason
+        if check.outcome == "match":
+            return with_body_fields(message.raw, {"assertedIdentity": True}), None
+        if check.outcome == "absent" and identity is not None and identity.authenticated:
+            fields = {"identity": identity.to_rethink(), "assertedIdentity": True}
+            return with_body_fields(message.raw, fields), None
+        if "assertedIdentity" in message.body:
+            # Only the node asserts: a sender's own claim is overwritten.
+            return with_body_fields(message.raw, {"assertedIdentity": False}), None
+        return message.raw, None
+
+    async def _wait_for_room(self, outbox: Outbox, size: int, attachment: Attachment) -> bool:
+        """A sender faster than the homeserver is slowed down, not refused: while this waits,
+        the node reads no further frame from this stub, and TCP holds the sender back. A plain
+        stub gets a 503 when the homeserver stays unable to take its messages. A numbered
+        message, once taken, is the node's to carry: it waits as long as its session lives
+        (its stub's resend after a reconnect is recognised as a duplicate)."""
+        if attachment.upstream is None:
+            return await outbox.wait_for_room(size, self._backpressure_timeout)
+        while not attachment.session.released:
+            if await outbox.wait_for_room(size, self._backpressure_timeout):
+                return True
+        return False
+
+    async def _serve(self, service: MnService, attachment: Attachment, message: Message) -> None:
+        session = attachment.session
         try:
-            reply = await service.handle(message, Requester(session.id, session.runtime_url))
+            reply = await service.handle(
+                message, Requester(session.id, session.runtime_url, session.identity)
+            )
         except Exception:
             log.exception("MN service failed", to=message.to_first, type=message.type)
-            await self._refuse(session, connection, message, 500, "internal error in the MN")
+            await self._refuse(attachment, message, 500, "internal error in the MN")
             return
         text = answer(message, reply.code, value=reply.value, desc=reply.desc, extra=reply.extra)
-        await connection.send(text)
+        await self._answer(attachment, text)
         self._journal.service(session.runtime_url, message.raw, text, reply.affected)
         self._metrics.messages_in.labels("service").inc()
 
     async def _refuse(
-        self, session: Any, connection: StubConnection, message: Message, code: int, reason: str
+        self, attachment: Attachment, message: Message, code: int, reason: str
     ) -> None:
         text = answer(message, code, desc=reason)
-        await connection.send(text)
-        self._journal.rejected(session.runtime_url, message.raw, text)
+        await self._answer(attachment, text)
+        self._journal.rejected(attachment.session.runtime_url, message.raw, text)
         self._metrics.messages_in.labels(f"refused_{code}").inc()
 
+    @staticmethod
+    async def _answer(attachment: Attachment, text: str) -> None:
+        if not attachment.session.released:
+            await attachment.session.mailbox.deliver(Parcel(text))
+
     async def refuse_frame(
-        self, session: Any, connection: StubConnection, raw: str | None, exc: InvalidMessage
+        self, attachment: Attachment | None, link: Link, raw: str | None, exc: InvalidMessage
     ) -> None:
         """A frame that is not a usable message: answer as a reTHINK response when it says who
         sent it, else with a control frame."""
         partial = exc.partial or {}
         sender = partial.get("from")
         if isinstance(sender, str) and sender:
-            to = partial.get("to")
-            origin = (
-                to
-                if isinstance(to, str) and to
-                else (to[0] if isinstance(to, list) and to and isinstance(to[0], str) else "")
+            text = response(
+                sender, reply_origin(partial), partial.get("id"), exc.code, desc=exc.reason
             )
-            text = response(sender, origin, partial.get("id"), exc.code, desc=exc.reason)
+            if attachment is not None:
+                await self._answer(attachment, text)
+            else:
+                await link.send(text)
         else:
             text = control_error(exc.code, exc.reason)
-        await connection.send(text)
-        self._journal.rejected(session.runtime_url if session else "", raw, text)
+            await link.send(text)
+        self._journal.rejected(attachment.session.runtime_url if attachment else "", raw, text)
         self._metrics.messages_in.labels(f"refused_{exc.code}").inc()

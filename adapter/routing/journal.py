@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from ..identity.model import Identity
 from .stream import BatchStream
 
 REQUEST_CUT = 4096
@@ -57,6 +58,26 @@ class Journal:
                 "request": request,
                 "response": response,
             }
+        )
+
+    def session(self, runtime_url: str, event: str, identity: Identity | None) -> None:
+        """A runtime connected (``event``: its session is new or resumed), and who it proved to
+        be: the audit trail of who acted as which runtime."""
+        self._push(
+            {
+                "kind": "session",
+                "runtime": runtime_url,
+                "ts": _now_ms(),
+                "event": event,
+                "identity": identity.user_id if identity is not None else None,
+                "method": identity.method if identity is not None else "anonymous",
+            }
+        )
+
+    def policy(self, action: str, rule_id: Any, rule: Any) -> None:
+        """An operator changed the policy rules (through the policy API)."""
+        self._push(
+            {"kind": "policy", "ts": _now_ms(), "action": action, "rule_id": rule_id, "rule": rule}
         )
 
     def receipt(self, event_id: str, delivered: Sequence[int]) -> None:

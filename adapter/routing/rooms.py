@@ -1,7 +1,8 @@
-"""Provisioning the rooms traffic travels in: each runtime's outbox and the journal.
+"""Provisioning the rooms traffic travels in: the lanes and the journal.
 
-See docs/matrix-mapping.md for why one outbox room per runtime. A room is created once and kept
-in the room map; after a restart the map (or, failing that, the alias) finds it again.
+Both are written by the appservice's bot. A room is created once and kept in the room map;
+after a restart the map (or, failing that, the alias) finds it again. docs/matrix-mapping.md
+says why lanes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from appservice.intent import AppserviceAPI, Intent
 
 from ..storage.rooms import RoomStore
 
-OUTBOX = "outbox"
+LANE = "lane"
 JOURNAL = "journal"
+TO_PEER = "to-peer"  # written by this node, read by a peer domain's node
+FROM_PEER = "from-peer"  # written by a peer domain's node, read by this one
 
 
 def runtime_hash(runtime_url: str) -> str:
@@ -31,47 +34,62 @@ class RoomDirectory:
         self._alias_prefix = alias_prefix
         self._rooms: dict[str, str] = {}  # alias localpart -> room id
         self._locks: dict[str, asyncio.Lock] = {}
+        # Rooms the room map did not know: created now, or found by alias (a new database on a
+        # homeserver that served an earlier one). Their history is not this database's.
+        self.adopted: set[str] = set()
 
     def virtual_user(self, runtime_url: str) -> str:
-        """The Matrix user a runtime acts as."""
+        """The Matrix user a runtime is, in the appservice's namespace: named in the lane
+        events that carry its messages (the audit trail)."""
         return self._api.user_id(f"{self._user_prefix}{runtime_hash(runtime_url)}")
 
-    def outbox_alias(self, runtime_url: str) -> str:
-        return f"{self._alias_prefix}rt_{runtime_hash(runtime_url)}"
-
-    async def outbox(
-        self, runtime_url: str, session_id: int, refresh: bool = False
-    ) -> tuple[Intent, str]:
-        intent = self._api.intent(self.virtual_user(runtime_url))
+    async def lane(self, index: int, refresh: bool = False) -> tuple[Intent, str]:
         room_id = await self._ensure(
-            self.outbox_alias(runtime_url),
-            intent,
-            OUTBOX,
-            session_id,
-            refresh,
-            name=f"reTHINK outbox {runtime_url}"[:200],
+            f"{self._alias_prefix}lane_{index}", LANE, refresh, f"reTHINK lane {index}"
         )
-        return intent, room_id
+        return self._api.bot, room_id
 
     async def journal(self, refresh: bool = False) -> tuple[Intent, str]:
         room_id = await self._ensure(
-            f"{self._alias_prefix}journal",
-            self._api.bot,
-            JOURNAL,
-            None,
-            refresh,
-            name="reTHINK message node journal",
+            f"{self._alias_prefix}journal", JOURNAL, refresh, "reTHINK message node journal"
         )
         return self._api.bot, room_id
+
+    async def to_peer(
+        self, domain: str, peer_bot: str, refresh: bool = False
+    ) -> tuple[Intent, str]:
+        """The room this node writes what it sends to ``domain`` into, the peer's node invited
+        (federated: the peer's homeserver keeps a copy of the history too)."""
+        room_id = await self._ensure(
+            f"{self._alias_prefix}to_{domain}",
+            TO_PEER,
+            refresh,
+            f"reTHINK traffic to {domain}",
+            invite=(peer_bot,),
+        )
+        return self._api.bot, room_id
+
+    async def joined_from_peer(self, room_id: str, domain: str) -> None:
+        """Remember a room a peer's node writes into for this one (joined on its invite)."""
+        await self._store.add(
+            room_id, f"from:{domain}:{room_id}", FROM_PEER, self._api.bot.user_id, None
+        )
+
+    async def from_peer_rooms(self) -> list[tuple[str, str]]:
+        """(room id, peer domain) of every room peers write into for this node."""
+        return [
+            (room_id, alias.split(":", 2)[1])
+            for room_id, alias, purpose, _creator in await self._store.all()
+            if purpose == FROM_PEER
+        ]
 
     async def _ensure(
         self,
         localpart: str,
-        intent: Intent,
         purpose: str,
-        session_id: int | None,
         refresh: bool,
         name: str,
+        invite: tuple[str, ...] = (),
     ) -> str:
         if not refresh and (cached := self._rooms.get(localpart)) is not None:
             return cached
@@ -80,13 +98,20 @@ class RoomDirectory:
             if not refresh and (cached := self._rooms.get(localpart)) is not None:
                 return cached
             alias = self._api.alias(localpart)
+            intent = self._api.bot
             room_id = None if refresh else await self._store.by_alias(alias)
             if room_id is None:
-                # create_room answers the existing room when the alias is taken (a previous
-                # session of the same runtime, or a room map lost with its database); joining
-                # is a no-op for a member and repairs a membership that was lost.
-                room_id = await intent.create_room(alias_localpart=localpart, name=name)
+                # create_room answers the existing room when the alias is taken (a room map lost
+                # with its database); joining is a no-op for a member and repairs a membership
+                # that was lost.
+                room_id = await intent.create_room(
+                    alias_localpart=localpart, name=name, invite=invite, federate=bool(invite)
+                )
                 await intent.join(room_id)
-                await self._store.add(room_id, alias, purpose, intent.user_id, session_id)
+                for user in invite:
+                    # Repairs an invitation lost with a room found by its alias.
+                    await intent.invite(room_id, user)
+                await self._store.add(room_id, alias, purpose, intent.user_id, None)
+                self.adopted.add(room_id)
             self._rooms[localpart] = room_id
             return room_id

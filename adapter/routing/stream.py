@@ -26,14 +26,16 @@ import structlog
 from appservice.api import HomeserverUnreachable, MatrixError
 from appservice.intent import Intent
 
+from .. import carrier
 from ..observability import NodeMetrics
-from . import carrier
 
 log = structlog.get_logger(__name__)
 
 # Resolves where the stream sends: the acting user and the room. ``refresh`` asks to provision
 # again (e.g. after the homeserver refused a send because the room is gone).
 Target = Callable[[bool], Awaitable[tuple[Intent, str]]]
+# Told, in order, of every batch the homeserver has persisted: the items and the event's id.
+OnSent = Callable[[list[Any], str], None]
 
 
 class Traffic:
@@ -63,8 +65,9 @@ class Traffic:
 class StreamLimits:
     max_batch_bytes: int = 16 * 1024 * 1024
     max_queued_bytes: int = 64 * 1024 * 1024
-    retry_initial: float = 0.5
-    retry_max: float = 30.0
+    retry_initial: float = 0.25
+    # Short enough that routing resumes within seconds of the homeserver answering again.
+    retry_max: float = 2.0
     # Least time between two events of the stream. 0 for outboxes (latency matters); the journal
     # waits a little to gather entries, since every event costs the homeserver a write and a
     # transaction back to the node.
@@ -87,9 +90,11 @@ class BatchStream(Generic[T]):
         target: Target,
         metrics: NodeMetrics,
         limits: StreamLimits = StreamLimits(),
-        on_sent: Callable[[int, float], None] | None = None,
+        on_sent: OnSent | None = None,
         traffic: Traffic | None = None,
         background: bool = False,
+        admit: Callable[[T], bool] | None = None,
+        ready: asyncio.Event | None = None,
     ) -> None:
         self.name = name
         self._encoder = encoder
@@ -101,6 +106,11 @@ class BatchStream(Generic[T]):
         # A routed stream marks the traffic; a background stream waits for its gaps.
         self._traffic = traffic
         self._background = background
+        # Items that turn out not to need sending when their batch is taken (resends of what
+        # was already carried) are dropped then.
+        self._admit = admit
+        # Nothing is sent before this is set (a lane waits for its recovery).
+        self._ready = ready
         self._oldest = 0.0  # when the oldest queued item arrived
         self._queue: deque[T] = deque()
         self._queued_bytes = 0
@@ -144,6 +154,8 @@ class BatchStream(Generic[T]):
 
     async def _drain(self) -> None:
         try:
+            if self._ready is not None and not self._ready.is_set():
+                await self._ready.wait()
             while self._queue and not self._closed:
                 wait = self._last_sent + self._limits.min_interval - time.monotonic()
                 if wait > 0:
@@ -153,7 +165,8 @@ class BatchStream(Generic[T]):
                     await self._traffic.gap(limits.quiet, self._oldest + limits.max_delay)
                 self._in_flight = self._take_batch()
                 self._oldest = time.monotonic()
-                await self._send_until_done(self._in_flight)
+                if self._in_flight:
+                    await self._send_until_done(self._in_flight)
                 self._in_flight = []
                 self._last_sent = time.monotonic()
         finally:
@@ -165,10 +178,12 @@ class BatchStream(Generic[T]):
         taken = 0
         limit = self._limits.max_batch_bytes
         queue, size = self._queue, self._encoder.size
+        admit = self._admit
         while queue and (not batch or taken + size(queue[0]) < limit):
             item = queue.popleft()
             taken += size(item)
-            batch.append(item)
+            if admit is None or admit(item):
+                batch.append(item)
         self._queued_bytes -= taken
         self._drained.set()
         return batch
@@ -183,14 +198,21 @@ class BatchStream(Generic[T]):
             try:
                 intent, room_id = await self._target(refresh)
                 txn_id = txn_id or intent.new_txn_id()
-                kind = await self._send(intent, room_id, encoded, txn_id)
+                kind, event_id = await self._send(intent, room_id, encoded, txn_id)
                 self._metrics.matrix_events_out.labels(kind).inc()
+                self._metrics.send_seconds.observe(time.monotonic() - started)
                 if self._on_sent is not None:
-                    self._on_sent(len(batch), time.monotonic() - started)
+                    self._on_sent(batch, event_id)
                 return
             except asyncio.CancelledError:
                 raise
             except MatrixError as exc:
+                if exc.status == 413 and len(batch) > 1:
+                    # Refused as too large whatever we retry: send it as two events.
+                    half = len(batch) // 2
+                    await self._send_until_done(batch[:half])
+                    await self._send_until_done(batch[half:])
+                    return
                 # The room is gone or we are no longer in it: provision it again.
                 refresh = exc.status in (403, 404)
                 log.warning(
@@ -218,15 +240,14 @@ class BatchStream(Generic[T]):
 
     async def _send(
         self, intent: Intent, room_id: str, encoded: carrier.Encoded, txn_id: str
-    ) -> str:
+    ) -> tuple[str, str]:
         event_type = self._encoder.event_type
         if encoded.inline is not None:
-            await intent.send_event(room_id, event_type, encoded.inline, txn_id)
-            return "inline"
+            return "inline", await intent.send_event(room_id, event_type, encoded.inline, txn_id)
         assert encoded.blob is not None
         uri = await intent.upload(encoded.blob, "application/octet-stream", f"{self.name}.bin")
-        await intent.send_event(room_id, event_type, encoded.media_content(uri), txn_id)
-        return "media"
+        content = encoded.media_content(uri)
+        return "media", await intent.send_event(room_id, event_type, content, txn_id)
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything pushed so far is sent; False if that took longer than

@@ -5,17 +5,19 @@ endpoint always allocates `hyperty://`, the object endpoint the requested scheme
 endpoint the requested scheme or `hyperty`. An `allocationKey` names the block, so a later
 `delete` with `resource: <key>` removes it. `delete` also takes addresses in `resource` or
 `childrenResources` (nested lists are flattened). Only the requester's own allocations are
-removed; a delete naming nothing is a 400, naming unknown things a 200.
+removed: naming another runtime's address is refused (403), a delete naming nothing is a 400,
+naming unknown things a 200. A session holds at most its quota of addresses (429 beyond).
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from ..messages import MAX_ADDRESS_BYTES, Message
-from ..routing.table import RoutingTable
+from ..envelope import MAX_ADDRESS_BYTES, Message
+from ..routing_table import RoutingTable
 from ..storage.routes import RouteStore
 from .base import Requester, ServiceReply
 
@@ -30,12 +32,20 @@ MAX_NESTING = 8
 
 class AllocationService:
     def __init__(
-        self, domain: str, table: RoutingTable, store: RouteStore, max_block: int = 1000
+        self,
+        domain: str,
+        table: RoutingTable,
+        store: RouteStore,
+        max_block: int = 1000,
+        quota: int = 100_000,
+        on_quota: Callable[[str], None] = lambda _name: None,
     ) -> None:
         self._domain = domain
         self._table = table
         self._store = store
         self._max_block = max_block
+        self._quota = quota
+        self._on_quota = on_quota
 
     async def handle(self, message: Message, requester: Requester) -> ServiceReply:
         endpoint = message.to_first.rsplit("/", 1)[-1]
@@ -78,6 +88,12 @@ class AllocationService:
             not isinstance(key, str) or not key or len(key.encode()) > MAX_ADDRESS_BYTES
         ):
             return ServiceReply(400, desc="body.value.allocationKey must be a non-empty string")
+        held = self._table.holdings(who.session_id).addresses
+        if held + number > self._quota:
+            self._on_quota("addresses")
+            return ServiceReply(
+                429, desc=f"a runtime may hold at most {self._quota} addresses ({held} held)"
+            )
         addresses = [f"{scheme}://{self._domain}/{uuid.uuid4()}" for _ in range(number)]
         # Durable before the runtime hears of it.
         await self._store.add_allocations(who.session_id, addresses, scheme, key)
@@ -92,6 +108,10 @@ class AllocationService:
         targets: set[str] = set()
         for item in flatten_addresses([resource, children]):
             block = self._table.block(who.session_id, item)
+            if not block:
+                owner = self._table.allocated_owner(item)
+                if owner is not None and owner != who.session_id:
+                    return ServiceReply(403, desc=f"{item!r} is allocated to another runtime")
             targets.update(block or (item,))
         removed = self._table.remove_allocations(who.session_id, targets)
         await self._store.remove_allocations(who.session_id, removed)

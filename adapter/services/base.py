@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..messages import Message
+from ..envelope import Message
+from ..identity.model import Identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,8 @@ class Requester:
 
     session_id: int
     runtime_url: str
+    # What the runtime proved at its handshake; None when the node did not check.
+    identity: Identity | None = None
 
 
 class MnService(Protocol):

@@ -1,20 +1,21 @@
-"""The MN's registry connectors: domain registry, global registry, identity management.
+"""The MN's registry connectors: domain registry and global registry relays, and the addresses of
+the node's own services.
 
-Each is an MN service (``handle(message, requester) -> ServiceReply``) that relays a reTHINK
-message to a REST back end and answers with the back end's code and JSON. They never raise: a
-bad message gets 400/405, an unconfigured back end 503/501, an unreachable or slow one 504.
+Each connector is an MN service (``handle(message, requester) -> ServiceReply``) that relays a
+reTHINK message to a REST back end and answers with the back end's code and JSON. They never
+raise: a bad message gets 400/405, an unconfigured back end 503, an unreachable or slow one 504.
 The message -> REST mapping and its sources are in docs/registry-connector.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
 import structlog
 
-from ..messages import Message
+from ..envelope import Message
 from .base import Requester, ServiceReply
 from .registry_domain import BadRegistryRequest, domain_call, domain_reply
 from .registry_http import (
@@ -32,16 +33,11 @@ log = structlog.get_logger(__name__)
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
 GLOBAL_REGISTRY_ADDRESS: Final = "global://registry"
 
-# Answers when the operator configured no back end. 503 for the registries: the node offers the
-# service but this deployment has no registry behind it (a configuration matter). 501 for IdM:
-# no reTHINK message or REST contract exists for it, so no deployment could serve it.
+# Answer when the operator configured no back end: the node offers the service but this
+# deployment has no registry behind it (a configuration matter).
 NOT_CONFIGURED_CODE: Final = 503
 DOMAIN_NOT_CONFIGURED: Final = "domain registry not configured"
 GLOBAL_NOT_CONFIGURED: Final = "global registry not configured"
-IDM_NOT_IMPLEMENTED: Final = (
-    "identity management connector not implemented: reTHINK defines no message or REST API for "
-    "domain://idm.<domain> (identities are asserted and validated by the runtime's IdP proxies)"
-)
 
 
 def domain_registry_address(domain: str) -> str:
@@ -50,6 +46,20 @@ def domain_registry_address(domain: str) -> str:
 
 def idm_address(domain: str) -> str:
     return f"domain://idm.{domain}"
+
+
+def node_addresses(domain: str) -> Callable[[str], bool]:
+    """Whether an address is one of the node's own: its services at
+    ``domain://msg-node.<domain>/…``, the domain registry, the global registry, the IdM."""
+    msg_node = f"domain://msg-node.{domain}"
+    services = (domain_registry_address(domain), GLOBAL_REGISTRY_ADDRESS, idm_address(domain))
+
+    def check(address: str) -> bool:
+        if address == msg_node or address.startswith(msg_node + "/"):
+            return True
+        return any(is_service_address(address, service) for service in services)
+
+    return check
 
 
 def is_service_address(address: str, service: str) -> bool:
@@ -214,14 +224,3 @@ def _either(body: Mapping[str, Any], key: str, alternative: str) -> str:
             raise BadRegistryRequest(f"body.{name} must be a non-empty string")
         return value
     raise BadRegistryRequest(f"missing body.{key} (or body.{alternative})")
-
-
-class IdmConnector:
-    """``domain://idm.<domain>``: answers 501. The specs name the address (Message Node
-    architecture) but define no message for it, no reference node implemented it, and no IdM
-    REST API exists to relay to: identity assertions are generated and validated by IdP proxies
-    (``domain-idp://``) inside the runtime. Answering beats silence: the runtime would otherwise
-    wait 15 s for its own 408."""
-
-    async def handle(self, message: Message, requester: Requester) -> ServiceReply:
-        return ServiceReply(501, desc=IDM_NOT_IMPLEMENTED)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ..messages import Message
+from ..envelope import Message
 from .base import ServiceReply
 from .registry_http import INVALID_JSON, RestAnswer, RestCall, json_body
 

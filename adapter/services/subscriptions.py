@@ -7,16 +7,19 @@ Three body forms occur and all are accepted:
   `<object>/changes` and each `<object>/children/<name>` (a child given as a full URL is used as
   it is).
 
-The subscriber is the runtime `body.source` belongs to when the node knows it, else the requester.
-Addresses match exactly.
+The subscriber is the requester. `body.source` may name one of the requester's own addresses
+(a hyperty subscribing through its runtime); naming an address of another runtime is refused
+(403): nobody subscribes or unsubscribes for someone else. Addresses match exactly. A session
+holds at most its quota of subscriptions (429 beyond).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..messages import MAX_ADDRESS_BYTES, Message
-from ..routing.table import RoutingTable
+from ..envelope import MAX_ADDRESS_BYTES, Message
+from ..routing_table import RoutingTable
 from ..storage.routes import RouteStore
 from .base import Requester, ServiceReply
 
@@ -24,9 +27,21 @@ MAX_RESOURCES = 1000
 
 
 class SubscriptionService:
-    def __init__(self, table: RoutingTable, store: RouteStore) -> None:
+    def __init__(
+        self,
+        table: RoutingTable,
+        store: RouteStore,
+        quota: int = 100_000,
+        on_quota: Callable[[str], None] = lambda _name: None,
+        on_change: Callable[[str, list[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self._table = table
         self._store = store
+        self._quota = quota
+        self._on_quota = on_quota
+        # Told of every (un)subscription made, e.g. so that other domains' nodes are asked for
+        # what is published to their addresses.
+        self._on_change = on_change
 
     async def handle(self, message: Message, requester: Requester) -> ServiceReply:
         if message.type not in ("subscribe", "unsubscribe"):
@@ -40,14 +55,23 @@ class SubscriptionService:
         source = message.body.get("source")
         if isinstance(source, str) and source:
             owner = self._table.owner(source)
-            if owner is not None:
-                subscriber = owner
+            if owner is not None and owner != subscriber:
+                return ServiceReply(403, desc=f"source {source!r} belongs to another runtime")
         if message.type == "subscribe":
+            held = self._table.holdings(subscriber).subscriptions
+            if held + len(addresses) > self._quota:
+                self._on_quota("subscriptions")
+                return ServiceReply(
+                    429,
+                    desc=f"a runtime may hold at most {self._quota} subscriptions ({held} held)",
+                )
             await self._store.subscribe(subscriber, addresses)
             self._table.subscribe(subscriber, addresses)
         else:
             await self._store.unsubscribe(subscriber, addresses)
             self._table.unsubscribe(subscriber, addresses)
+        if self._on_change is not None:
+            await self._on_change(message.type, addresses)
         return ServiceReply(200, affected=len(addresses))
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Enum,
     ForeignKey,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -54,6 +56,14 @@ class RuntimeSession(Base):
     runtime_url: Mapped[str] = mapped_column(String(2048), unique=True)
     # The Matrix virtual user this runtime acts as, e.g. @_rethink_<hash>:server.
     user_id: Mapped[str] = mapped_column(String(255), unique=True)
+    # Random and never reused: the stem of the origins the session's messages are numbered in
+    # (a database id can come back after a delete; an origin must not).
+    key: Mapped[str] = mapped_column(String(32), unique=True)
+    # Handed a session token: only a connection presenting it (or the same verified identity)
+    # may resume or take over the session.
+    protected: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # The identity the runtime proved when it connected (JSON), None for an anonymous one.
+    identity: Mapped[str | None] = mapped_column(Text)
     state: Mapped[SessionState] = mapped_column(
         Enum(
             SessionState,
@@ -143,17 +153,80 @@ class ProcessedTransaction(Base):
 
 
 class PendingDelivery(Base):
-    """A message routed to a runtime whose session is alive but not connected, kept in order."""
+    """A delivery the runtime has not confirmed: kept while it is not connected, or written
+    when its stub is slow to acknowledge it. Replayed in delivery-number order."""
 
     __tablename__ = "pending_deliveries"
-    __table_args__ = (Index("ix_pending_deliveries_session_seq", "session_id", "id"),)
+    __table_args__ = (Index("ix_pending_deliveries_session_dseq", "session_id", "dseq"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     session_id: Mapped[int] = mapped_column(ForeignKey("runtime_sessions.id", ondelete="CASCADE"))
+    # The session's delivery number: only grows, also across restarts of the node.
+    dseq: Mapped[int] = mapped_column(BigInteger)
     # The reTHINK message exactly as the sender wrote it (delivered unmodified).
     payload: Mapped[str] = mapped_column(Text)
+    # Who numbered the message and its number there; NULL for the node's own answers.
+    origin: Mapped[str | None] = mapped_column(String(128))
+    oseq: Mapped[int] = mapped_column(BigInteger)
     event_id: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class LanePosition(Base):
+    """Where a lane's recovery starts: its last event whose deliveries are all settled
+    (acknowledged by the runtimes or kept in ``pending_deliveries``)."""
+
+    __tablename__ = "lane_positions"
+
+    room_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(255))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class SenderMark(Base):
+    """The highest message number of an origin the node has routed (as of the lane positions):
+    a message numbered at or below it is a resend and is not routed again."""
+
+    __tablename__ = "sender_marks"
+
+    origin: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class NodeCounter(Base):
+    """Small counters the node keeps across restarts (``starts``: its start count, the high
+    bits of the numbers it hands out, so they never repeat)."""
+
+    __tablename__ = "node_counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+
+
+class RemoteSubscription(Base):
+    """Another reTHINK domain's node asked for what is published to an address of this one (for
+    its runtimes subscribed to it): one copy goes to that domain."""
+
+    __tablename__ = "remote_subscriptions"
+    __table_args__ = (
+        UniqueConstraint("address", "domain", name="uq_remote_subscriptions_address_domain"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    address: Mapped[str] = mapped_column(String(2048))
+    domain: Mapped[str] = mapped_column(String(255), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class NodeSecret(Base):
+    """Secrets the node generates once and keeps (the session-token key when the configuration
+    names none), so what they sign survives a restart."""
+
+    __tablename__ = "node_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
 
 
 class ExportPosition(Base):

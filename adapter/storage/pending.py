@@ -1,10 +1,12 @@
-"""Messages kept for a runtime whose session is alive but not connected, in arrival order."""
+"""Deliveries a runtime has not confirmed, kept in the database in delivery-number order."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, bindparam, delete, func, insert, select
 
 from .clock import utcnow
 from .database import Database
@@ -12,41 +14,92 @@ from .models import PendingDelivery
 
 _P = PendingDelivery
 _APPEND = insert(_P)
+_REMOVE_THROUGH = delete(_P).where(
+    _P.session_id == bindparam("sid"), _P.dseq <= bindparam("through")
+)
+
+
+class KeptDelivery(Protocol):
+    """One delivery to keep (sessions/mailbox.py's Entry)."""
+
+    @property
+    def dseq(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def origin(self) -> str | None: ...
+
+    @property
+    def oseq(self) -> int: ...
+
+    @property
+    def event_id(self) -> str | None: ...
+
+
+class StoredRow:
+    __slots__ = ("dseq", "origin", "oseq", "text")
+
+    def __init__(self, dseq: int, text: str, origin: str | None, oseq: int) -> None:
+        self.dseq = dseq
+        self.text = text
+        self.origin = origin
+        self.oseq = oseq
+
+
+def kept_rows(
+    batches: Iterable[tuple[int, Sequence[KeptDelivery]]], now: datetime
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "session_id": session_id,
+            "dseq": e.dseq,
+            "payload": e.text,
+            "origin": e.origin,
+            "oseq": e.oseq,
+            "event_id": e.event_id,
+            "created_at": now,
+        }
+        for session_id, entries in batches
+        for e in entries
+    ]
+
+
+def write_kept(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(_APPEND, rows[0] if len(rows) == 1 else rows)
+
+
+def delete_through(conn: Connection, deletes: Sequence[tuple[int, int]]) -> None:
+    if deletes:
+        params = [{"sid": sid, "through": through} for sid, through in deletes]
+        conn.execute(_REMOVE_THROUGH, params[0] if len(params) == 1 else params)
 
 
 class PendingStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def append(self, session_id: int, payloads: Sequence[tuple[str, str | None]]) -> None:
-        """Queue ``(message text, carrying event id)`` pairs; ids keep their order."""
-        if not payloads:
-            return
+    async def append(self, session_id: int, entries: Sequence[KeptDelivery]) -> None:
+        rows = kept_rows([(session_id, entries)], utcnow())
+        if rows:
+            await self._db.run(lambda conn: write_kept(conn, rows))
 
-        now = utcnow()
-        rows = [
-            {"session_id": session_id, "payload": text, "event_id": event_id, "created_at": now}
-            for text, event_id in payloads
-        ]
-        await self._db.run(lambda conn: conn.execute(_APPEND, rows[0] if len(rows) == 1 else rows))
-
-    async def next_batch(self, session_id: int, limit: int = 500) -> list[tuple[int, str]]:
-        def op(conn: Connection) -> list[tuple[int, str]]:
+    async def after(self, session_id: int, dseq: int, limit: int) -> list[StoredRow]:
+        def op(conn: Connection) -> list[StoredRow]:
             rows = conn.execute(
-                select(_P.id, _P.payload)
-                .where(_P.session_id == session_id)
-                .order_by(_P.id)
+                select(_P.dseq, _P.payload, _P.origin, _P.oseq)
+                .where(_P.session_id == session_id, _P.dseq > dseq)
+                .order_by(_P.dseq)
                 .limit(limit)
             )
-            return [(int(i), str(p)) for i, p in rows]
+            return [StoredRow(int(d), str(p), o, int(s)) for d, p, o, s in rows]
 
         return await self._db.run(op)
 
-    async def remove_through(self, session_id: int, last_id: int) -> None:
-        def op(conn: Connection) -> None:
-            conn.execute(delete(_P).where(_P.session_id == session_id, _P.id <= last_id))
-
-        await self._db.run(op)
+    async def remove_through(self, session_id: int, dseq: int) -> None:
+        await self._db.run(lambda conn: delete_through(conn, [(session_id, dseq)]))
 
     async def count(self, session_id: int) -> int:
         def op(conn: Connection) -> int:
@@ -55,5 +108,18 @@ class PendingStore:
                     select(func.count()).select_from(_P).where(_P.session_id == session_id)
                 ).scalar_one()
             )
+
+        return await self._db.run(op)
+
+    async def stored(self) -> dict[int, tuple[int, int]]:
+        """Each session's highest kept delivery number and the size of what is kept."""
+
+        def op(conn: Connection) -> dict[int, tuple[int, int]]:
+            rows = conn.execute(
+                select(
+                    _P.session_id, func.max(_P.dseq), func.sum(func.length(_P.payload))
+                ).group_by(_P.session_id)
+            )
+            return {int(sid): (int(top), int(size or 0)) for sid, top, size in rows}
 
         return await self._db.run(op)

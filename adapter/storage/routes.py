@@ -3,7 +3,9 @@
 The in-memory RoutingTable is the source for routing decisions; these stores make it survive a
 restart of the node and are written before an MN service answers, so an answer the runtime got
 is never lost. Statements are built once: an allocation's durable write is on the hot path of
-every allocation request.
+every allocation request, a subscription's on a crowd's arrival. Each write of a few rows is one
+prepared statement (``Database.execute_small``), with a multi-row form for PostgreSQL, where a
+statement is a round trip.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, inspect, select
+from sqlalchemy import Column, Connection, bindparam, delete, insert, inspect, select
 
 from .clock import utcnow
 from .database import Database, Prepared, upsert
@@ -46,21 +48,68 @@ def _one_or_many(rows: list[dict[str, Any]]) -> dict[str, Any] | list[dict[str, 
     return rows[0] if len(rows) == 1 else rows
 
 
+def _columns(entity: Any, *keys: str) -> list[Column[Any]]:
+    mapped = inspect(entity).columns
+    return [mapped[k] for k in keys]
+
+
+def _values(columns: list[Column[Any]], rows: int | None = None) -> Any:
+    """Bound values for an INSERT of ``columns``: one row, or ``rows`` rows named <key>_<i>."""
+    if rows is None:
+        return {c.key: bindparam(c.key) for c in columns}
+    return [{c.key: bindparam(f"{c.key}_{i}") for c in columns} for i in range(rows)]
+
+
+def _addresses(rows: int) -> list[Any]:
+    return [bindparam(f"address_{i}") for i in range(rows)]
+
+
 class RouteStore:
     def __init__(self, db: Database) -> None:
         self._db = db
-        mapped = inspect(_A).columns
-        columns = [
-            mapped[c] for c in ("address", "scheme", "session_id", "allocation_key", "created_at")
-        ]
-        self._add_one = Prepared(
-            db, insert(_A).values({c.key: bindparam(c.key) for c in columns}), columns
+        d = db.dialect
+        add = _columns(_A, "address", "scheme", "session_id", "allocation_key", "created_at")
+        self._add = Prepared(
+            db,
+            insert(_A).values(_values(add)),
+            add,
+            block=lambda n: insert(_A).values(_values(add, n)),
+            groupable=True,
         )
-        self._remove_one = Prepared(
-            db, delete(_A).where(_A.address == bindparam("address")), [mapped["address"]]
+        self._remove = Prepared(
+            db,
+            delete(_A).where(_A.address == bindparam("address")),
+            _columns(_A, "address"),
+            block=lambda n: delete(_A).where(_A.address.in_(_addresses(n))),
+            groupable=True,
         )
-        self._subscribe = upsert(db.dialect, _Sub, ["address", "session_id"])
-        self._learn = upsert(db.dialect, _L, ["address"], update=["session_id", "updated_at"])
+        sub = _columns(_Sub, "address", "session_id", "created_at")
+        self._subscribe_many = upsert(d, _Sub, ["address", "session_id"])
+        self._subscribe = Prepared(
+            db,
+            upsert(d, _Sub, ["address", "session_id"]).values(_values(sub)),
+            sub,
+            block=lambda n: upsert(d, _Sub, ["address", "session_id"]).values(_values(sub, n)),
+            groupable=True,
+        )
+        self._unsubscribe = Prepared(
+            db,
+            delete(_Sub).where(
+                _Sub.session_id == bindparam("session_id"), _Sub.address == bindparam("address")
+            ),
+            _columns(_Sub, "address", "session_id"),
+            # Every row names the same session: the first row's stands for all (so writes of
+            # other sessions cannot share it: not groupable).
+            block=lambda n: delete(_Sub).where(
+                _Sub.session_id == bindparam("session_id_0"), _Sub.address.in_(_addresses(n))
+            ),
+        )
+        learn = _columns(_L, "address", "session_id", "updated_at")
+        self._learn = Prepared(
+            db,
+            upsert(d, _L, ["address"], update=["session_id", "updated_at"]).values(_values(learn)),
+            learn,
+        )
 
     # -- allocations ------------------------------------------------------------------------
 
@@ -80,7 +129,7 @@ class RouteStore:
         ]
         if len(rows) <= SMALL:
             # Once per allocation request: the prepared fast path.
-            await self._db.execute_small(self._add_one, _one_or_many(rows))
+            await self._db.execute_small(self._add, _one_or_many(rows))
         else:
             await self._db.run(lambda conn: conn.execute(_ADD_ALLOCATION, rows))
 
@@ -91,7 +140,7 @@ class RouteStore:
             return
         if len(rows) <= SMALL:
             # Once per delete request: the prepared fast path.
-            await self._db.execute_small(self._remove_one, _one_or_many(rows))
+            await self._db.execute_small(self._remove, _one_or_many(rows))
         else:
             params = {"addresses": [row["address"] for row in rows]}
             await self._db.run(lambda conn: conn.execute(_REMOVE_ALLOCATIONS, params))
@@ -111,14 +160,23 @@ class RouteStore:
             {"address": a, "session_id": session_id, "created_at": now}
             for a in dict.fromkeys(addresses)
         ]
-        if rows:
-            run = self._db.run_small if len(rows) <= SMALL else self._db.run
-            await run(lambda conn: conn.execute(self._subscribe, _one_or_many(rows)))
+        if not rows:
+            return
+        if len(rows) <= SMALL:
+            await self._db.execute_small(self._subscribe, _one_or_many(rows))
+        else:
+            await self._db.run(lambda conn: conn.execute(self._subscribe_many, rows))
 
     async def unsubscribe(self, session_id: int, addresses: Iterable[str]) -> None:
-        params = {"sid": session_id, "addresses": list(addresses)}
-        if params["addresses"]:
-            await self._db.run_small(lambda conn: conn.execute(_UNSUBSCRIBE, params))
+        unique = list(dict.fromkeys(addresses))
+        if not unique:
+            return
+        if len(unique) <= SMALL:
+            rows = [{"session_id": session_id, "address": a} for a in unique]
+            await self._db.execute_small(self._unsubscribe, _one_or_many(rows))
+        else:
+            params = {"sid": session_id, "addresses": unique}
+            await self._db.run(lambda conn: conn.execute(_UNSUBSCRIBE, params))
 
     async def subscriptions(self) -> list[tuple[str, int]]:
         def op(conn: Connection) -> list[tuple[str, int]]:
@@ -131,7 +189,7 @@ class RouteStore:
 
     async def learn(self, session_id: int, address: str) -> None:
         row = {"address": address, "session_id": session_id, "updated_at": utcnow()}
-        await self._db.run_small(lambda conn: conn.execute(self._learn, row))
+        await self._db.execute_small(self._learn, row)
 
     async def learned(self) -> list[tuple[str, int]]:
         def op(conn: Connection) -> list[tuple[str, int]]:

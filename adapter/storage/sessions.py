@@ -1,14 +1,18 @@
-"""Runtime sessions: one row per runtimeURL the node knows."""
+"""Runtime sessions: one row per runtimeURL the node knows.
+
+A session is written when its runtime connects, reconnects or drops: a crowd arriving writes a
+thousand at once, so these are prepared statements on ``Database.execute_small`` (inline on
+SQLite, the event loop's connections with group commit on PostgreSQL)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, inspect, select, true, update
 
 from .clock import utcnow
-from .database import Database
+from .database import Database, Prepared
 from .models import RuntimeSession, SessionState
 
 _S = RuntimeSession
@@ -19,13 +23,47 @@ class SessionRow:
     id: int
     runtime_url: str
     user_id: str
+    key: str
     state: SessionState
     last_seen: datetime
+    protected: bool
+    identity: str | None
 
 
 class SessionStore:
     def __init__(self, db: Database) -> None:
         self._db = db
+        mapped = inspect(_S).columns
+        keys = (
+            "runtime_url",
+            "user_id",
+            "key",
+            "protected",
+            "identity",
+            "state",
+            "created_at",
+            "last_seen",
+        )
+        created = [mapped[c] for c in keys]
+        self._create = Prepared(
+            db,
+            insert(_S).values({c.key: bindparam(c.key) for c in created}).returning(_S.id),
+            created,
+        )
+        self._set_state = Prepared(
+            db,
+            update(_S)
+            .where(_S.id == bindparam("session_id"))
+            .values(state=bindparam("state"), last_seen=bindparam("last_seen")),
+            [mapped["state"], mapped["last_seen"]],
+        )
+        self._set_state_protected = Prepared(
+            db,
+            update(_S)
+            .where(_S.id == bindparam("session_id"))
+            .values(state=bindparam("state"), last_seen=bindparam("last_seen"), protected=true()),
+            [mapped["state"], mapped["last_seen"]],
+        )
 
     async def has_user(self, user_id: str) -> bool:
         def op(conn: Connection) -> bool:
@@ -33,31 +71,28 @@ class SessionStore:
 
         return await self._db.run(op)
 
-    async def create(self, runtime_url: str, user_id: str) -> int:
-        def op(conn: Connection) -> int:
-            now = utcnow()
-            result = conn.execute(
-                insert(_S)
-                .values(
-                    runtime_url=runtime_url,
-                    user_id=user_id,
-                    state=SessionState.CONNECTED,
-                    created_at=now,
-                    last_seen=now,
-                )
-                .returning(_S.id)
-            )
-            return int(result.scalar_one())
+    async def create(
+        self, runtime_url: str, user_id: str, key: str, protected: bool, identity: str | None
+    ) -> int:
+        now = utcnow()
+        row = {
+            "runtime_url": runtime_url,
+            "user_id": user_id,
+            "key": key,
+            "protected": protected,
+            "identity": identity,
+            "state": SessionState.CONNECTED,
+            "created_at": now,
+            "last_seen": now,
+        }
+        [(session_id,)] = await self._db.execute_small(self._create, row)
+        return int(session_id)
 
-        return await self._db.run(op)
-
-    async def set_state(self, session_id: int, state: SessionState) -> None:
-        def op(conn: Connection) -> None:
-            conn.execute(
-                update(_S).where(_S.id == session_id).values(state=state, last_seen=utcnow())
-            )
-
-        await self._db.run(op)
+    async def set_state(self, session_id: int, state: SessionState, protect: bool = False) -> None:
+        """``protect``: the session is being handed a token (it stays protected)."""
+        row = {"session_id": session_id, "state": state, "last_seen": utcnow()}
+        statement = self._set_state_protected if protect else self._set_state
+        await self._db.execute_small(statement, row)
 
     async def delete(self, session_id: int) -> None:
         """Forget the session and, by cascade, everything it owned."""
@@ -69,7 +104,18 @@ class SessionStore:
 
     async def all(self) -> list[SessionRow]:
         def op(conn: Connection) -> list[SessionRow]:
-            rows = conn.execute(select(_S.id, _S.runtime_url, _S.user_id, _S.state, _S.last_seen))
+            rows = conn.execute(
+                select(
+                    _S.id,
+                    _S.runtime_url,
+                    _S.user_id,
+                    _S.key,
+                    _S.state,
+                    _S.last_seen,
+                    _S.protected,
+                    _S.identity,
+                )
+            )
             return [SessionRow(*row) for row in rows]
 
         return await self._db.run(op)

@@ -15,7 +15,9 @@ log = structlog.get_logger(__name__)
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
-CLOSE_REPLACED = 4409
+# The session was refused to this connection after the upgrade (a race the checks before it
+# could not see): like HTTP 401, the stub must not simply reconnect with the same credentials.
+CLOSE_UNAUTHORIZED = 4401
 
 
 class StubConnection:
@@ -25,14 +27,14 @@ class StubConnection:
     the senders down (the homeserver's transactions, or a direct sender's socket) instead of
     dropping anything. A runtime that stays behind for ``slow_seconds``, or whose backlog
     reaches the allowance, is disconnected and what it had not received is handed back
-    (``on_overflow``) to be kept for its resume."""
+    (``on_overflow``, set once the connection is attached to a plain stub's session) to be kept
+    for its resume; a stub that acknowledges deliveries gets them again from its mailbox."""
 
     def __init__(
         self,
         ws: web.WebSocketResponse,
         request: web.Request,
         max_backlog_bytes: int,
-        on_overflow: Callable[[list[str]], None],
         slow_seconds: float = 10.0,
     ) -> None:
         self.ws = ws
@@ -41,7 +43,7 @@ class StubConnection:
         self._soft_backlog = max_backlog_bytes // 4
         self._slow_seconds = slow_seconds
         self._caught_up = asyncio.Event()
-        self._on_overflow = on_overflow
+        self.on_overflow: Callable[[list[str]], None] | None = None
         self._backlog: deque[bytes] = deque()
         self._backlog_bytes = 0
         self._writer: asyncio.Task[None] | None = None
@@ -122,11 +124,12 @@ class StubConnection:
                 self._hand_back()
 
     def _hand_back(self) -> None:
-        left = [p.decode() for p in self._backlog]
+        left = list(self._backlog)
         self._backlog.clear()
         self._backlog_bytes = 0
         self._caught_up.set()
-        self._on_overflow(left)
+        if self.on_overflow is not None:
+            self.on_overflow([p.decode() for p in left])
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
         with contextlib.suppress(ConnectionError, RuntimeError):

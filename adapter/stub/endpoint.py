@@ -1,9 +1,10 @@
 """`/stub/connect`: where a runtime's stub connects and every frame it sends enters the node.
 
-The protocol (handshakes, control frames, close codes) is in docs/stub-protocol.md. This module
-owns the socket: it authenticates the handshake, keeps frames within limits, tells control frames
-from reTHINK messages and hands the latter to the Ingress. Bad frames are answered and the
-connection stays usable; nothing a runtime sends can affect another runtime's connection.
+The protocol (handshakes, numbered messages and acknowledgements, control frames, close codes)
+is in docs/stub-protocol.md. This module owns the socket: it authenticates the handshake, keeps
+frames within limits, tells control frames from reTHINK messages and hands the latter to the
+Ingress. Bad frames are answered and the connection stays usable; nothing a runtime sends can
+affect another runtime's connection.
 """
 
 from __future__ import annotations
@@ -17,14 +18,22 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from ..config import StubConfig
-from ..messages import InvalidMessage, control_error, dumps
+from ..envelope import InvalidMessage, control_error, dumps
+from ..identity.authenticator import Authenticator, parse_credential
+from ..identity.model import Identity, IdentityRejected, IdentityUnavailable
 from ..observability import NodeMetrics
 from ..routing.ingress import Ingress
-from ..sessions import Session, SessionManager
-from .connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, StubConnection
-from .tokens import TokenRejected
+from ..routing.journal import Journal
+from ..sessions.registry import SessionRefused, SessionRegistry
+from ..sessions.session import AckHello, Attachment
+from ..sessions.tokens import TokenRejected
+from .acks import AckSender
+from .connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_UNAUTHORIZED, StubConnection
+from .protocol import BadHello, connect_answer, hello_from_query, parse_hello, split_numbered
 
 log = structlog.get_logger(__name__)
+# An acknowledgement frame is tiny; anything longer is a message.
+ACK_FRAME_MAX = 256
 
 # Frames above the configured limit are answered 413; frames above this multiple of it are cut
 # off by the WebSocket layer itself (close 1009) so no one can make the node buffer gigabytes.
@@ -36,8 +45,11 @@ class StubEndpoint:
         self,
         config: StubConfig,
         domain: str,
-        sessions: SessionManager,
+        sessions: SessionRegistry,
         ingress: Ingress,
+        authenticator: Authenticator,
+        journal: Journal,
+        acks: AckSender,
         metrics: NodeMetrics,
         max_backlog_bytes: int,
     ) -> None:
@@ -45,33 +57,67 @@ class StubEndpoint:
         self._domain = domain
         self._sessions = sessions
         self._ingress = ingress
+        self._authenticator = authenticator
+        self._journal = journal
+        self._acks = acks
         self._metrics = metrics
         self._max_backlog = max_backlog_bytes
         self._open: set[StubConnection] = set()
+        # Set while the node stops: frames are no longer read (a numbered message not taken in
+        # is sent again by its stub to the next run).
+        self.closing = False
+        # Frames being decided now: a stop waits for them, so that what they did is
+        # acknowledged to their stubs before the sockets close (else a stub sends a service
+        # request again to the next run, which would execute it twice).
+        self._deciding = 0
+        self._decided = asyncio.Event()
+        self._decided.set()
+
+    async def stop_reading(self, timeout: float) -> None:
+        """Read no more frames, and wait (at most ``timeout``) for those being decided."""
+        self.closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._decided.wait(), timeout)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/stub/connect", self.handle)
-        app.on_shutdown.append(self._close_all)
 
-    async def _close_all(self, _app: web.Application) -> None:
+    async def close_all(self) -> None:
         await asyncio.gather(
             *(c.close(CLOSE_GOING_AWAY, "node shutting down") for c in list(self._open)),
             return_exceptions=True,
         )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.closing:
+            raise web.HTTPServiceUnavailable(text="the node is shutting down; retry later")
         if len(self._open) >= self._config.max_connections:
             raise web.HTTPServiceUnavailable(text="too many stub connections; retry later")
-        runtime_url = request.query.get("runtimeURL")
-        token = request.query.get("token") or None
+        query = request.query
+        runtime_url = query.get("runtimeURL")
+        token = query.get("token") or None
+        try:
+            hello = hello_from_query(query)
+        except BadHello as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        identity: Identity | None = None
+        answer = query.get("hello") == "1" or hello is not None
         if runtime_url is not None:
+            # v2: everything is in the query, so a refusal is the upgrade's HTTP status.
             if not runtime_url.strip():
                 raise web.HTTPBadRequest(text="runtimeURL is empty")
-            if token is not None:
-                try:
-                    self._sessions.check_token(runtime_url, token)
-                except TokenRejected as exc:
-                    raise web.HTTPUnauthorized(text=str(exc)) from None
+            if not answer and self._config.tokenless_sessions == "refuse":
+                raise web.HTTPUnauthorized(
+                    text="this node hands every stub a session token: connect with hello=1 "
+                    "(or the v1 handshake)"
+                )
+            try:
+                identity = await self._authenticate(query.get("auth_type"), query.get("auth_token"))
+                self._sessions.admit(runtime_url, token, identity)
+            except (TokenRejected, IdentityRejected, SessionRefused) as exc:
+                raise web.HTTPUnauthorized(text=str(exc)) from None
+            except IdentityUnavailable as exc:
+                raise web.HTTPServiceUnavailable(text=exc.reason) from None
 
         ws = web.WebSocketResponse(
             heartbeat=self._config.heartbeat_seconds,
@@ -79,21 +125,37 @@ class StubEndpoint:
             max_msg_size=self._config.max_frame_bytes * HARD_LIMIT_FACTOR,
         )
         await ws.prepare(request)
-        session: Session | None = None
-        holder: dict[str, Session] = {}
-        conn = StubConnection(
-            ws, request, self._max_backlog, on_overflow=lambda texts: self._give_back(holder, texts)
-        )
+        conn = StubConnection(ws, request, self._max_backlog)
+        attachment: Attachment | None = None
         self._open.add(conn)
         try:
             if runtime_url is not None:
-                session = await self._attach(
-                    conn, runtime_url, token, holder, answer=request.query.get("hello") == "1"
-                )
+                try:
+                    attachment = await self._attach(
+                        conn, runtime_url, token, hello, identity, answer
+                    )
+                except SessionRefused as exc:
+                    # Checked again under the session's lock: the upgrade is done by now.
+                    await conn.close(CLOSE_UNAUTHORIZED, exc.reason[:120])
+                    return ws
             async for frame in ws:
+                if self.closing:
+                    # Stopping: the stub's acknowledgements are still taken (the node waits
+                    # for them), its messages are not (a numbered one comes again to the next
+                    # run). The sockets are closed once the deliveries are settled.
+                    if frame.type == WSMsgType.TEXT and attachment is not None:
+                        await self._take_ack(conn, attachment, frame.data)
+                    continue
                 if frame.type == WSMsgType.TEXT:
-                    session = await self._on_text(conn, session, holder, frame.data)
-                    if session is not None and session.released:
+                    self._deciding += 1
+                    self._decided.clear()
+                    try:
+                        attachment = await self._on_text(conn, attachment, frame.data)
+                    finally:
+                        self._deciding -= 1
+                        if not self._deciding:
+                            self._decided.set()
+                    if attachment is not None and attachment.session.released:
                         break
                 elif frame.type == WSMsgType.BINARY:
                     await conn.send(
@@ -104,61 +166,84 @@ class StubEndpoint:
                     break
         finally:
             self._open.discard(conn)
-            if session is not None and not session.released:
-                await self._sessions.detach(session, conn)
-            await conn.close()
+            if attachment is not None:
+                await self._sessions.detach(attachment)
+            # 1000 would tell the stub its session was released (it would drop its token).
+            await conn.close(CLOSE_GOING_AWAY if self.closing else CLOSE_NORMAL)
         return ws
 
-    def _give_back(self, holder: dict[str, Session], texts: list[str]) -> None:
-        session = holder.get("session")
-        if session is not None:
-            self._sessions.give_back(session, texts)
+    async def _authenticate(self, kind: object, token: object) -> Identity | None:
+        return await self._authenticator.authenticate(parse_credential(kind, token))
 
     async def _attach(
         self,
         conn: StubConnection,
         runtime_url: str,
         token: str | None,
-        holder: dict[str, Session],
+        hello: AckHello | None,
+        identity: Identity | None,
         answer: bool,
-    ) -> Session:
-        session, resumed = await self._sessions.attach(runtime_url, conn, token)
-        holder["session"] = session
-        log.info("runtime connected", runtime=runtime_url, resumed=resumed, peer=conn.peer)
+    ) -> Attachment:
+        attachment = await self._sessions.attach(
+            runtime_url, conn, token, hello, identity, protect=answer
+        )
+        session = attachment.session
+        self._journal.session(runtime_url, "resumed" if attachment.resumed else "new", identity)
+        if attachment.upstream is None:
+            conn.on_overflow = session.mailbox.give_back
+        log.info(
+            "runtime connected",
+            runtime=runtime_url,
+            resumed=attachment.resumed,
+            peer=conn.peer,
+            acknowledged=hello is not None,
+        )
         if answer:
+            acked = attachment.upstream.acked if attachment.upstream is not None else None
             await conn.send(
-                dumps(
-                    {
-                        "cmd": "connect",
-                        "response": 200,
-                        "data": {
-                            "runtimeURL": runtime_url,
-                            "session": "resumed" if resumed else "new",
-                            "token": self._sessions.token_for(session),
-                            "domain": self._domain,
-                        },
-                    }
+                connect_answer(
+                    runtime_url,
+                    attachment.resumed,
+                    self._sessions.token_for(session),
+                    self._domain,
+                    acked,
                 )
             )
-        return session
+        # What the stub says it received counts only for the session it received it in.
+        received = hello.received if hello is not None and attachment.resumed else 0
+        self._sessions.resume(attachment, received)
+        return attachment
+
+    async def _take_ack(self, conn: StubConnection, attachment: Attachment, text: str) -> None:
+        if not text.startswith("{") or len(text) > ACK_FRAME_MAX:
+            return
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(text)
+            if isinstance(parsed, dict) and parsed.get("cmd") == "ack" and "type" not in parsed:
+                await self._on_command(conn, attachment, parsed)
 
     async def _on_text(
-        self, conn: StubConnection, session: Session | None, holder: dict[str, Session], text: str
-    ) -> Session | None:
+        self, conn: StubConnection, attachment: Attachment | None, text: str
+    ) -> Attachment | None:
         limit = self._config.max_frame_bytes
         if len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit):
-            await self._refuse_oversize(conn, session, text, limit)
-            return session
+            await self._refuse_oversize(conn, attachment, text, limit)
+            return attachment
+        if attachment is not None and attachment.upstream is not None and text[:1] == "[":
+            numbered = split_numbered(text)
+            if numbered is not None:
+                await self._on_numbered(attachment, *numbered)
+                return attachment
         try:
             parsed = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
             await self._ingress.refuse_frame(
-                session, conn, text, InvalidMessage(400, f"malformed JSON: {exc}")
+                attachment, conn, text, InvalidMessage(400, f"malformed JSON: {exc}")
             )
-            return session
+            return attachment
         if isinstance(parsed, dict) and "cmd" in parsed and "type" not in parsed:
-            return await self._on_command(conn, session, holder, parsed)
-        if session is None:
+            return await self._on_command(conn, attachment, parsed)
+        if attachment is None:
             await conn.send(
                 control_error(
                     400,
@@ -169,63 +254,79 @@ class StubEndpoint:
             return None
         if not isinstance(parsed, dict):
             await self._ingress.refuse_frame(
-                session,
-                conn,
-                text,
-                InvalidMessage(
-                    400, f"a message must be a JSON object, not {type(parsed).__name__}"
-                ),
+                attachment, conn, text, InvalidMessage(400, _not_an_object(parsed))
             )
-            return session
-        await self._ingress.on_message(session, conn, text, parsed)
-        return session
+            return attachment
+        await self._ingress.on_message(attachment, text, parsed)
+        return attachment
+
+    async def _on_numbered(self, attachment: Attachment, seq: int, text: str) -> None:
+        upstream = attachment.upstream
+        assert upstream is not None
+        pending = upstream.take(seq)
+        if pending is None:
+            # Sent again after a reconnect: taken before, so not routed twice. Its stub only
+            # needs to hear (again) how far the node has got.
+            self._metrics.duplicates.labels("stub").inc()
+            self._acks.mark(attachment.session)
+            return
+        try:
+            parsed = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            parsed = InvalidMessage(400, f"malformed JSON: {exc}")
+        if not isinstance(parsed, dict):
+            problem = (
+                parsed
+                if isinstance(parsed, InvalidMessage)
+                else InvalidMessage(400, _not_an_object(parsed))
+            )
+            await self._ingress.refuse_frame(attachment, attachment.link, text, problem)
+            upstream.done(pending)
+            return
+        await self._ingress.on_message(attachment, text, parsed, pending)
 
     async def _refuse_oversize(
-        self, conn: StubConnection, session: Session | None, text: str, limit: int
+        self, conn: StubConnection, attachment: Attachment | None, text: str, limit: int
     ) -> None:
         reason = f"message of {len(text.encode())} bytes exceeds the limit of {limit}"
         partial: dict[str, Any] | None = None
+        candidate: Any = None
         with contextlib.suppress(orjson.JSONDecodeError):
             candidate = orjson.loads(text)
-            partial = candidate if isinstance(candidate, dict) else None
-        await self._ingress.refuse_frame(session, conn, None, InvalidMessage(413, reason, partial))
+        if isinstance(candidate, list) and len(candidate) == 2 and isinstance(candidate[1], dict):
+            numbered_seq, candidate = candidate
+            if attachment is not None and attachment.upstream is not None:
+                # Refused is durable too: the stub must not send it again.
+                pending = (
+                    attachment.upstream.take(numbered_seq)
+                    if isinstance(numbered_seq, int)
+                    else None
+                )
+                if pending is not None:
+                    attachment.upstream.done(pending)
+        partial = candidate if isinstance(candidate, dict) else None
+        await self._ingress.refuse_frame(
+            attachment, conn, None, InvalidMessage(413, reason, partial)
+        )
 
     async def _on_command(
-        self,
-        conn: StubConnection,
-        session: Session | None,
-        holder: dict[str, Session],
-        frame: dict[str, Any],
-    ) -> Session | None:
+        self, conn: StubConnection, attachment: Attachment | None, frame: dict[str, Any]
+    ) -> Attachment | None:
         cmd = frame.get("cmd")
         data = frame.get("data") if isinstance(frame.get("data"), dict) else frame.get("body")
         data = data if isinstance(data, dict) else {}
+        if cmd == "ack":
+            received = frame.get("received")
+            if attachment is not None and attachment.current and isinstance(received, int):
+                attachment.session.mailbox.on_ack(received)
+            return attachment
         if cmd == "connect":
-            if session is not None:
-                await conn.send(
-                    control_error(409, f"already connected as {session.runtime_url}", cmd="connect")
-                )
-                return session
-            runtime_url = data.get("runtimeURL")
-            if not isinstance(runtime_url, str) or not runtime_url.strip():
-                await conn.send(control_error(400, "connect needs data.runtimeURL", cmd="connect"))
-                return None
-            token = data.get("token")
-            try:
-                return await self._attach(
-                    conn,
-                    runtime_url,
-                    token if isinstance(token, str) and token else None,
-                    holder,
-                    answer=True,
-                )
-            except TokenRejected as exc:
-                await conn.send(control_error(401, str(exc), cmd="connect"))
-                return None
+            return await self._on_connect(conn, attachment, data)
         if cmd == "disconnect":
-            if session is None:
+            if attachment is None:
                 await conn.send(control_error(400, "not connected", cmd="disconnect"))
                 return None
+            session = attachment.session
             named = data.get("runtimeURL")
             if named is not None and named != session.runtime_url:
                 await conn.send(
@@ -233,11 +334,55 @@ class StubEndpoint:
                         400, f"this connection is {session.runtime_url}", cmd="disconnect"
                     )
                 )
-                return session
+                return attachment
             await self._sessions.release(session)
             log.info("runtime disconnected", runtime=session.runtime_url)
             await conn.send(dumps({"cmd": "disconnect", "response": 200}))
             await conn.close(CLOSE_NORMAL, "disconnected")
-            return session
+            return attachment
         await conn.send(control_error(400, f"unknown command {cmd!r}", cmd=str(cmd)))
-        return session
+        return attachment
+
+    async def _on_connect(
+        self, conn: StubConnection, attachment: Attachment | None, data: dict[str, Any]
+    ) -> Attachment | None:
+        if attachment is not None:
+            await conn.send(
+                control_error(
+                    409, f"already connected as {attachment.session.runtime_url}", cmd="connect"
+                )
+            )
+            return attachment
+        runtime_url = data.get("runtimeURL")
+        if not isinstance(runtime_url, str) or not runtime_url.strip():
+            await conn.send(control_error(400, "connect needs data.runtimeURL", cmd="connect"))
+            return None
+        try:
+            hello = parse_hello(data.get("ack"))
+        except BadHello as exc:
+            await conn.send(control_error(400, str(exc), cmd="connect"))
+            return None
+        token = data.get("token")
+        auth = data.get("auth")
+        if not isinstance(auth, dict):
+            auth = {}
+        try:
+            identity = await self._authenticate(auth.get("type"), auth.get("token"))
+            return await self._attach(
+                conn,
+                runtime_url,
+                token if isinstance(token, str) and token else None,
+                hello,
+                identity,
+                answer=True,
+            )
+        except (TokenRejected, IdentityRejected, SessionRefused) as exc:
+            await conn.send(control_error(401, str(exc), cmd="connect"))
+            return None
+        except IdentityUnavailable as exc:
+            await conn.send(control_error(503, exc.reason, cmd="connect"))
+            return None
+
+
+def _not_an_object(parsed: Any) -> str:
+    return f"a message must be a JSON object, not {type(parsed).__name__}"

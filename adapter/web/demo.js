@@ -1,16 +1,25 @@
 // The demo's two runtimes: each has a minimal message bus and its own instance of the bundled
-// stub, exactly as a reTHINK runtime would load it.
+// stub, exactly as a reTHINK runtime would load it. Each registers its hyperty in its domain's
+// registry; Alice finds Bob there by user, follows his registration's status, and pings him.
+// With ?peer=<ws URL of another domain's node>&peerDomain=<its domain>, Bob is a runtime of that
+// other domain: everything then crosses domains through Matrix federation.
 import { activate } from '/stub/protostub.js';
 
-const nodeURL = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/stub/connect`;
-const domain = new URLSearchParams(location.search).get('domain') ?? document.documentElement.dataset.domain;
+const params = new URLSearchParams(location.search);
+const here = `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/stub/connect`;
+const domain = params.get('domain') ?? document.documentElement.dataset.domain;
+const peer = params.get('peer');
+const peerDomain = params.get('peerDomain') ?? domain;
 const run = Math.random().toString(36).slice(2, 8);
+const registryOf = (d) => `domain://registry.${d}/`;
+const userOf = (name, d) => `user://${d}/${name}-${run}`;
 
-function makeRuntime(name) {
+function makeRuntime(name, runtimeDomain, nodeURL) {
   const panel = document.getElementById(name);
+  panel.querySelector('.domain').textContent = runtimeDomain;
   const listeners = [];
   const waiting = new Map();
-  const runtime = { name, address: null };
+  const runtime = { name, domain: runtimeDomain, address: null };
   const log = (text) => {
     const item = document.createElement('li');
     item.textContent = text;
@@ -32,14 +41,15 @@ function makeRuntime(name) {
       runtime.onMessage?.(message);
     },
   };
-  const stubURL = `hyperty-runtime://${domain}/protostub/${name}-${run}`;
-  activate(stubURL, bus, { runtimeURL: `runtime://${domain}/${name}-${run}`, messagingnode: nodeURL });
+  const stubURL = `hyperty-runtime://${runtimeDomain}/protostub/${name}-${run}`;
+  const { instance } = activate(stubURL, bus, { runtimeURL: `runtime://${runtimeDomain}/${name}-${run}`, messagingnode: nodeURL });
   let counter = 0;
+  runtime.stub = instance;
   runtime.send = (message) => { for (const listener of listeners) listener(message); };
   runtime.request = (to, type, body) => new Promise((resolve) => {
     const id = `${name}-${++counter}`;
     waiting.set(id, resolve);
-    runtime.send({ id, type, from: `${stubURL}/registry/allocation`, to, body });
+    runtime.send({ id, type, from: runtime.address ?? `${stubURL}/registry/allocation`, to, body });
   });
   runtime.log = log;
   runtime.panel = panel;
@@ -47,7 +57,7 @@ function makeRuntime(name) {
 }
 
 async function allocate(runtime) {
-  const answer = await runtime.request(`domain://msg-node.${domain}/hyperty-address-allocation`,
+  const answer = await runtime.request(`domain://msg-node.${runtime.domain}/hyperty-address-allocation`,
     'create', { scheme: 'hyperty', value: { number: 1 } });
   if (answer.body.code !== 200) throw new Error(`allocation refused: ${answer.body.code}`);
   runtime.address = answer.body.value.allocated[0];
@@ -55,9 +65,22 @@ async function allocate(runtime) {
   runtime.log(`allocated ${runtime.address}`);
 }
 
-const alice = makeRuntime('alice');
-const bob = makeRuntime('bob');
+async function register(runtime) {
+  const value = {
+    user: userOf(runtime.name, runtime.domain), url: runtime.address, expires: 3600,
+    descriptor: `hyperty-catalogue://catalogue.${runtime.domain}/.well-known/hyperty/Demo`,
+    resources: ['chat'], dataSchemes: ['comm'], runtime: `runtime://${runtime.domain}/${runtime.name}-${run}`, status: 'live',
+  };
+  const answer = await runtime.request(registryOf(runtime.domain), 'create', { value, policy: 'demo' });
+  if (answer.body.code !== 200) throw new Error(`registration refused: ${answer.body.code}`);
+  runtime.log(`registered as ${value.user}`);
+}
+
+const alice = makeRuntime('alice', domain, here);
+const bob = makeRuntime('bob', peerDomain, peer ?? here);
 const result = document.getElementById('result');
+const follow = document.getElementById('bob-registration');
+let bobAddress = null;
 let pings = 0;
 
 bob.onMessage = (message) => {
@@ -70,25 +93,47 @@ bob.onMessage = (message) => {
 };
 
 alice.onMessage = (message) => {
-  alice.log(`← ${message.type} #${message.id} ${JSON.stringify(message.body.value ?? '')}`);
+  if (message.type === 'update' && message.from === bobAddress && message.body?.attribute === 'status') {
+    follow.textContent = message.body.value;
+    follow.dataset.status = message.body.value;
+    alice.log(`← Bob's registration is ${message.body.value}`);
+    return;
+  }
+  alice.log(`← ${message.type} #${message.id} ${JSON.stringify(message.body?.value ?? '')}`);
   if (message.type === 'response' && message.body.value === 'pong') {
     result.textContent = `pong received (${pings} ping${pings > 1 ? 's' : ''} answered through Matrix)`;
     result.dataset.pongs = String(pings);
     document.getElementById('ping').disabled = false;
+    document.getElementById('disconnect').disabled = false;
   }
 };
 
 function ping() {
   pings += 1;
   const id = `ping-${pings}`;
-  alice.send({ id, type: 'ping', from: alice.address, to: bob.address, body: { sent: Date.now() } });
-  alice.log(`→ ping #${id} to ${bob.address}`);
+  alice.send({ id, type: 'ping', from: alice.address, to: bobAddress, body: { sent: Date.now() } });
+  alice.log(`→ ping #${id} to ${bobAddress}`);
 }
 
 document.getElementById('ping').addEventListener('click', ping);
+document.getElementById('disconnect').addEventListener('click', async () => {
+  document.getElementById('disconnect').disabled = true;
+  bob.log('disconnecting');
+  await bob.stub.disconnect();
+});
 
 try {
   await Promise.all([allocate(alice), allocate(bob)]);
+  await Promise.all([register(alice), register(bob)]);
+  // Alice finds Bob by user in Bob's domain registry, then follows his registration.
+  const found = await alice.request(registryOf(bob.domain), 'read', { resource: userOf('bob', bob.domain) });
+  if (found.body.code !== 200) throw new Error(`Bob not found: ${found.body.code}`);
+  bobAddress = Object.keys(found.body.value)[0];
+  alice.log(`found Bob by user: ${bobAddress}`);
+  const followed = await alice.request(`domain://msg-node.${domain}/sm`, 'subscribe',
+    { resources: [`${bobAddress}/registration`] });
+  follow.textContent = followed.body.code === 200 ? 'live' : `not followed (${followed.body.code})`;
+  follow.dataset.status = 'live';
   result.textContent = 'pinging…';
   ping();
 } catch (error) {

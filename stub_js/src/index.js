@@ -10,6 +10,11 @@ const STUB_NAME = 'MatrixProtoStub';
 const OPEN = 1; // WebSocket.OPEN in every implementation, usable before the constructor is loaded
 const CLOSE_NORMAL = 1000;
 const CLOSE_REPLACED = 4409;
+const CLOSE_UNAUTHORIZED = 4401;
+const ACK_VERSION = 1;
+// Deliveries are acknowledged at most this often, or at once after this many.
+const ACK_DELAY = 20;
+const ACK_EVERY = 256;
 
 const DEFAULT_RECONNECT = { initialDelay: 500, maxDelay: 30_000, maxAttempts: Infinity };
 
@@ -42,14 +47,28 @@ export class MatrixProtoStub {
     this._handshake = handshake;
     this._hello = handshake === 'v2' && Boolean(config.hello);
     this._handshakeTimeout = config.handshakeTimeout ?? 10_000;
-    this._disconnectTimeout = config.disconnectTimeout ?? 3_000;
     this._reconnect = { ...DEFAULT_RECONNECT, ...config.reconnect };
     this._WebSocket = config.WebSocket;
     this._onError = config.onError ?? ((frame) => warn('the node reported an error', frame));
+    // Offer the acknowledged protocol (numbered messages, resent until the node has them). By
+    // default only with a handshake the node answers, which is where it says whether it agrees.
+    this._offerAcks = config.acknowledged ?? (handshake === 'v1' || this._hello);
+    this._stubId = randomId();
+    // How the runtime proves who it is: {type: 'matrix' | 'oidc', token}, or a function
+    // returning one (or a promise of one), asked again at every connection attempt.
+    this._credentials = config.credentials;
 
     this._status = undefined;
     this._conn = null; // the socket being set up or live, with its handshake state
-    this._queue = []; // runtime messages waiting for a live connection, in order
+    // The runtime's messages, numbered, as JSON text: until the node acknowledges them when it
+    // speaks the acknowledged protocol, else until they are written to a live socket.
+    this._queue = [];
+    this._nextSeq = 1;
+    this._received = 0; // highest delivery number of this session handed on (or skipped)
+    this._acked = 0; // highest delivery number acknowledged to the node
+    this._ackTimer = null;
+    this._origins = new Map(); // origin -> highest number handed to the runtime from it
+    this._stats = { sent: 0, acknowledged: 0, delivered: 0, duplicates: 0 };
     this._token = null; // session token from the node, presented again when reconnecting
     this._active = false; // a connection is wanted: set on demand, cleared by disconnect or giving up
     this._replaced = false; // closed with 4409: stay down until connect() is called explicitly
@@ -66,6 +85,15 @@ export class MatrixProtoStub {
   /** The last status posted: created, in-progress, live, disconnected or failed. */
   get status() {
     return this._status;
+  }
+
+  /**
+   * Counters for tools: messages the runtime handed the stub, of those acknowledged by the node
+   * (durable there), still waiting for an acknowledgement, messages handed to the runtime, and
+   * duplicates dropped.
+   */
+  get stats() {
+    return { ...this._stats, unacknowledged: this._queue.length };
   }
 
   /**
@@ -99,15 +127,12 @@ export class MatrixProtoStub {
     this._halt();
     this._replaced = false;
     this._token = null; // the session is released, its token names nothing any more
+    this._resetSession();
     if (conn?.live && conn.ws.readyState === OPEN) {
-      await new Promise((resolve) => {
-        const timer = setTimeout(resolve, this._disconnectTimeout);
-        conn.closing = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-        this._sendControl(conn, { cmd: 'disconnect', data: { runtimeURL: this.runtimeURL } });
-      });
+      // The socket gives the frame to the node before its close; nothing to wait for, and a
+      // page cycling through many runtimes must not hold their sockets open meanwhile.
+      conn.closing = () => {};
+      this._sendControl(conn, { cmd: 'disconnect', data: { runtimeURL: this.runtimeURL } });
     }
     if (conn) this._abandon(conn);
     if (wasUp) this._postStatus('disconnected', 'disconnected by the runtime');
@@ -118,20 +143,57 @@ export class MatrixProtoStub {
     if (msg === null || typeof msg !== 'object') return;
     // It came from the node through this stub; sending it back would make a loop.
     if (hasVia(msg, this.runtimeProtoStubURL)) return;
-    if (this._disconnecting) {
-      this._queue.push(msg); // goes out on a fresh session once the old one is released
-      return;
-    }
-    const conn = this._conn;
-    // Straight to the socket only when nothing older is still queued (a flush stops at a socket
-    // that is closing), so the runtime's messages keep their order.
-    if (conn?.live && this._queue.length === 0 && this._transmit(conn, msg)) return;
-    if (this._replaced) {
+    if (this._replaced && !this._disconnecting) {
       warn("dropping a message: this runtime's session moved to a newer connection");
       return;
     }
-    this._queue.push(msg);
-    this._start();
+    let text;
+    try {
+      text = JSON.stringify(msg);
+    } catch (err) {
+      warn(`dropping a message that cannot be serialised: ${err.message}`);
+      return;
+    }
+    this._queue.push({ seq: this._nextSeq++, text });
+    this._stats.sent += 1;
+    if (this._disconnecting) return; // goes out on a fresh session once the old one is released
+    const conn = this._conn;
+    if (conn?.live) this._flush(conn);
+    else this._start();
+  }
+
+  /** Sends what the connection has not carried yet, in order; stops at a socket that closed. */
+  _flush(conn) {
+    const queue = this._queue;
+    while (conn.sent < queue.length) {
+      const entry = queue[conn.sent];
+      const frame = conn.acks ? `[${entry.seq},${entry.text}]` : entry.text;
+      if (!this._write(conn, frame)) return;
+      conn.sent += 1;
+    }
+    // A node that does not acknowledge has them once its socket took them.
+    if (!conn.acks) {
+      queue.splice(0, conn.sent);
+      conn.sent = 0;
+    }
+  }
+
+  _onAck(conn, seq) {
+    if (!Number.isSafeInteger(seq)) return;
+    let done = 0;
+    while (done < this._queue.length && this._queue[done].seq <= seq) done += 1;
+    if (!done) return;
+    this._queue.splice(0, done);
+    conn.sent = Math.max(0, conn.sent - done);
+    this._stats.acknowledged += done;
+  }
+
+  /** A new session numbers its deliveries from the start again; its messages too. */
+  _resetSession() {
+    this._received = 0;
+    this._acked = 0;
+    clearTimeout(this._ackTimer);
+    this._ackTimer = null;
   }
 
   _start() {
@@ -158,9 +220,29 @@ export class MatrixProtoStub {
     }
     if (generation !== this._generation || !this._active) return;
 
-    const conn = { ws: null, token: this._token, opened: false, live: false, error: null, timer: null, closing: null };
+    let auth;
     try {
-      conn.ws = new WebSocketImpl(this._endpoint(conn.token));
+      auth = typeof this._credentials === 'function' ? await this._credentials() : this._credentials;
+    } catch (err) {
+      if (generation === this._generation) this._stop('failed', `no credentials: ${err.message}`);
+      return;
+    }
+    if (generation !== this._generation || !this._active) return;
+
+    const conn = {
+      ws: null,
+      token: this._token,
+      auth,
+      opened: false,
+      live: false,
+      acks: false, // both sides speak the acknowledged protocol on this connection
+      sent: 0, // queued messages this connection has carried
+      error: null,
+      timer: null,
+      closing: null,
+    };
+    try {
+      conn.ws = new WebSocketImpl(this._endpoint(conn.token, conn.auth));
     } catch (err) {
       this._stop('failed', `cannot open ${this.nodeURL}: ${err.message}`);
       return;
@@ -194,11 +276,13 @@ export class MatrixProtoStub {
     return ws.WebSocket ?? ws.default;
   }
 
-  _endpoint(token) {
+  _endpoint(token, auth) {
     if (this._handshake === 'v1') return this.nodeURL;
     let query = `runtimeURL=${encodeURIComponent(this.runtimeURL)}`;
     if (token) query += `&token=${encodeURIComponent(token)}`;
+    if (auth) query += `&auth_type=${encodeURIComponent(auth.type)}&auth_token=${encodeURIComponent(auth.token)}`;
     if (this._hello) query += '&hello=1';
+    if (this._offerAcks) query += `&ack=1&stub=${this._stubId}&received=${this._received}`;
     return `${this.nodeURL}${this.nodeURL.includes('?') ? '&' : '?'}${query}`;
   }
 
@@ -206,13 +290,15 @@ export class MatrixProtoStub {
     if (conn !== this._conn) return;
     conn.opened = true;
     if (this._handshake === 'v1') this._sendConnect(conn);
-    else if (!this._hello) this._goLive(conn);
-    // v2 with hello: the node's connect answer completes the handshake.
+    else if (!this._hello && !this._offerAcks) this._goLive(conn);
+    // Otherwise the node's connect answer completes the handshake.
   }
 
   _sendConnect(conn) {
     const data = { runtimeURL: this.runtimeURL };
     if (conn.token) data.token = conn.token;
+    if (conn.auth) data.auth = { type: conn.auth.type, token: conn.auth.token };
+    if (this._offerAcks) data.ack = { v: ACK_VERSION, stub: this._stubId, received: this._received };
     this._sendControl(conn, { cmd: 'connect', data });
   }
 
@@ -224,11 +310,49 @@ export class MatrixProtoStub {
     } catch {
       return warn('ignoring a frame that is not JSON');
     }
+    if (Array.isArray(frame) && conn.acks) return this._onNumbered(conn, frame);
     if (frame === null || typeof frame !== 'object' || Array.isArray(frame)) {
       return warn('ignoring a frame that is not a JSON object');
     }
     if (isControlFrame(frame)) return this._onControl(conn, frame);
-    this._deliver(stampVia(frame, this.runtimeProtoStubURL));
+    this._handOn(frame);
+  }
+
+  /** `[dseq, origin, oseq, message]`: handed on unless the runtime already has it. */
+  _onNumbered(conn, [dseq, origin, oseq, msg]) {
+    if (!Number.isSafeInteger(dseq) || msg === null || typeof msg !== 'object') {
+      return warn('ignoring a malformed numbered frame');
+    }
+    let fresh = dseq > this._received;
+    if (fresh) this._received = dseq;
+    if (fresh && origin !== null) {
+      // A message carried twice (the node sent it again after a crash) keeps its origin's number.
+      if (oseq <= (this._origins.get(origin) ?? 0)) fresh = false;
+      else this._origins.set(origin, oseq);
+    }
+    if (fresh) this._handOn(msg);
+    else this._stats.duplicates += 1;
+    this._ackLater(conn);
+  }
+
+  _handOn(msg) {
+    this._stats.delivered += 1;
+    this._deliver(stampVia(msg, this.runtimeProtoStubURL));
+  }
+
+  _ackLater(conn) {
+    if (this._received - this._acked >= ACK_EVERY) return this._sendAck(conn);
+    this._ackTimer ??= setTimeout(() => {
+      this._ackTimer = null;
+      if (conn === this._conn) this._sendAck(conn);
+    }, ACK_DELAY);
+  }
+
+  _sendAck(conn) {
+    if (this._received <= this._acked) return;
+    if (this._write(conn, JSON.stringify({ cmd: 'ack', received: this._received }))) {
+      this._acked = this._received;
+    }
   }
 
   _onControl(conn, frame) {
@@ -244,6 +368,7 @@ export class MatrixProtoStub {
       return this._stop('failed', `handshake refused: ${describeAnswer(frame)}`);
     }
     if (frame.cmd === 'disconnect') return conn.closing?.();
+    if (frame.cmd === 'ack' && conn.acks) return this._onAck(conn, frame.seq);
     this._onError(frame); // cmd:'error', or the answer to a command the node does not know
   }
 
@@ -252,7 +377,12 @@ export class MatrixProtoStub {
     clearTimeout(conn.timer);
     this._failures = 0;
     if (answer?.token) this._token = answer.token;
-    while (this._queue.length && this._transmit(conn, this._queue[0])) this._queue.shift();
+    conn.acks = this._offerAcks && answer?.ack?.v === ACK_VERSION;
+    if (answer?.session === 'new') this._resetSession();
+    if (conn.acks) this._onAck(conn, answer.ack.seq);
+    // Everything not acknowledged goes (again) on this connection, in order.
+    conn.sent = 0;
+    this._flush(conn);
     this._postStatus('live', answer?.session ? `session ${answer.session}` : undefined);
     this._settleWaiters('live');
   }
@@ -264,6 +394,9 @@ export class MatrixProtoStub {
     this._conn = null;
     const how = describeClose(event);
     if (conn.live) return this._onLost(event.code, how);
+    if (event.code === CLOSE_UNAUTHORIZED) {
+      return this._stop('failed', `the node refused this runtime's session (${how})`);
+    }
 
     const httpStatus = refusedWith(conn.error);
     if (!conn.opened && this._handshake === 'v2' && conn.token) {
@@ -284,6 +417,9 @@ export class MatrixProtoStub {
       // alternate forever.
       this._replaced = true;
       return this._stop('disconnected', `replaced by a newer connection for this runtime (${how})`);
+    }
+    if (code === CLOSE_UNAUTHORIZED) {
+      return this._stop('failed', `the node refused this runtime's session (${how})`);
     }
     if (code === CLOSE_NORMAL) {
       this._token = null; // the node closes normally only once it has released the session
@@ -325,6 +461,8 @@ export class MatrixProtoStub {
     clearTimeout(this._retryTimer);
     this._retryTimer = null;
     this._queue = [];
+    clearTimeout(this._ackTimer);
+    this._ackTimer = null;
   }
 
   _abandon(conn) {
@@ -337,16 +475,9 @@ export class MatrixProtoStub {
     }
   }
 
-  /** False when the socket can no longer take the message, so the caller keeps it queued. */
-  _transmit(conn, msg) {
+  /** False when the socket can no longer take the frame, so the caller keeps it queued. */
+  _write(conn, text) {
     if (conn.ws.readyState !== OPEN) return false;
-    let text;
-    try {
-      text = JSON.stringify(msg);
-    } catch (err) {
-      warn(`dropping a message that cannot be serialised: ${err.message}`);
-      return true;
-    }
     try {
       conn.ws.send(text);
       return true;
@@ -390,6 +521,14 @@ export function activate(url, bus, config) {
 }
 
 export default activate;
+
+function randomId() {
+  const bytes = new Uint8Array(12);
+  globalThis.crypto.getRandomValues(bytes);
+  let id = '';
+  for (const b of bytes) id += 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'[b & 63];
+  return id;
+}
 
 function warn(...args) {
   console.warn(`${STUB_NAME}:`, ...args);

@@ -63,9 +63,12 @@ export function fakeBus() {
 /**
  * Starts a fake node on 127.0.0.1 at a free port.
  * Options: `hello` honoured for v2; `refuseConnect` (a v1 answer code other than 200 for every
- * connect); `answerDisconnect` (default true).
+ * connect); `answerDisconnect` (default true); `acks` (speak the acknowledged protocol when the
+ * stub offers it: numbered messages are recorded, deduplicated by stub instance and acknowledged
+ * unless `holdAcks` is set; `conn.deliver(msg, dseq, origin, oseq)` sends a numbered delivery).
  * Mutable knobs: `rejectedTokens` (a Set; v1 answers 401, v2 upgrade gets HTTP 401); `dropNext`
- * (that many next sockets are cut right after the upgrade); `silent` (v1 connects go unanswered).
+ * (that many next sockets are cut right after the upgrade); `silent` (v1 connects go unanswered);
+ * `holdAcks` (numbered messages are taken but not acknowledged).
  */
 export async function startFakeNode(options = {}) {
   const server = http.createServer((req, res) => res.writeHead(404).end());
@@ -76,8 +79,11 @@ export async function startFakeNode(options = {}) {
     rejectedTokens: new Set(),
     dropNext: 0,
     silent: false,
+    holdAcks: false,
     url: '',
     tokensIssued: 0,
+    accepted: new Map(), // stub instance -> highest message number taken
+    duplicates: 0, // numbered messages sent again that had been taken before
     async close() {
       for (const conn of node.connections) conn.ws.terminate();
       await new Promise((resolve) => wss.close(resolve));
@@ -87,12 +93,30 @@ export async function startFakeNode(options = {}) {
   };
   const seenRuntimes = new Set();
 
-  function answerConnect(conn, runtimeURL) {
+  function answerConnect(conn, runtimeURL, offer) {
     const session = seenRuntimes.has(runtimeURL) ? 'resumed' : 'new';
     seenRuntimes.add(runtimeURL);
     conn.runtimeURL = runtimeURL;
     conn.token = `tok-${++node.tokensIssued}`;
-    conn.send({ cmd: 'connect', response: 200, data: { runtimeURL, session, token: conn.token, domain: 'example.com' } });
+    const data = { runtimeURL, session, token: conn.token, domain: 'example.com' };
+    if (options.acks && offer?.v === 1) {
+      conn.stub = offer.stub;
+      conn.offer = offer;
+      data.ack = { v: 1, seq: node.holdAcks ? 0 : node.accepted.get(offer.stub) ?? 0 };
+    }
+    conn.send({ cmd: 'connect', response: 200, data });
+  }
+
+  function takeNumbered(conn, [seq, msg]) {
+    const accepted = node.accepted.get(conn.stub) ?? 0;
+    if (seq <= accepted) {
+      node.duplicates += 1;
+    } else {
+      node.accepted.set(conn.stub, seq);
+      conn.frames.push(msg);
+      conn.seqs.push(seq);
+    }
+    if (!node.holdAcks) conn.send({ cmd: 'ack', seq: node.accepted.get(conn.stub) });
   }
 
   server.on('upgrade', (req, socket, head) => {
@@ -112,8 +136,11 @@ export async function startFakeNode(options = {}) {
         frames: [],
         runtimeURL: url.searchParams.get('runtimeURL'),
         token: null,
+        stub: null,
+        seqs: [], // the numbers of the numbered messages taken on this connection
         closed: new Promise((resolve) => ws.on('close', (code, reason) => resolve({ code, reason: String(reason) }))),
         send: (obj) => ws.send(JSON.stringify(obj)),
+        deliver: (msg, dseq, origin = null, oseq = 0) => ws.send(JSON.stringify([dseq, origin, oseq, msg])),
       };
       node.connections.push(conn);
       if (node.dropNext > 0) {
@@ -121,11 +148,14 @@ export async function startFakeNode(options = {}) {
         ws.terminate();
         return;
       }
-      if (conn.runtimeURL && options.hello && url.searchParams.get('hello') === '1') {
-        answerConnect(conn, conn.runtimeURL);
+      const query = url.searchParams;
+      if (conn.runtimeURL && options.hello && (query.get('hello') === '1' || query.get('ack') === '1')) {
+        const offer = query.get('ack') === '1' ? { v: 1, stub: query.get('stub'), received: Number(query.get('received')) } : undefined;
+        answerConnect(conn, conn.runtimeURL, offer);
       }
       ws.on('message', (data, isBinary) => {
         const frame = isBinary ? { binary: true } : JSON.parse(String(data));
+        if (Array.isArray(frame) && conn.stub) return takeNumbered(conn, frame);
         conn.frames.push(frame);
         if (frame.cmd === 'connect' && !conn.runtimeURL) {
           const presented = frame.data?.token;
@@ -136,7 +166,7 @@ export async function startFakeNode(options = {}) {
           } else if (presented && node.rejectedTokens.has(presented)) {
             conn.send({ cmd: 'connect', response: 401, desc: 'invalid token' });
           } else {
-            answerConnect(conn, frame.data.runtimeURL);
+            answerConnect(conn, frame.data.runtimeURL, frame.data.ack);
           }
         } else if (frame.cmd === 'disconnect' && options.answerDisconnect !== false) {
           conn.send({ cmd: 'disconnect', response: 200 });
@@ -176,6 +206,8 @@ export async function newStub(t, { bus, node, ...config }) {
     reconnect: { initialDelay: 5, maxDelay: 20 },
     handshakeTimeout: 1000,
     disconnectTimeout: 200,
+    // The plain protocol unless a test asks for the acknowledged one (test/acknowledged.test.js).
+    acknowledged: false,
     ...config,
   });
   t.after(() => stub.disconnect());

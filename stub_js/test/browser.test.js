@@ -33,7 +33,7 @@ function page(nodeURL) {
 }
 
 test('loads in a browser from <script type="module"> and works on the native WebSocket', { skip: !CHROMIUM && 'no Chromium here', timeout: 30_000 }, async (t) => {
-  const node = await startFakeNode();
+  const node = await startFakeNode({ acks: true });
   t.after(() => node.close());
 
   let resolveResult;
@@ -70,12 +70,19 @@ test('loads in a browser from <script type="module"> and works on the native Web
 
   const conn = await until(() => node.connections[0], 'the browser to connect', 20_000);
   await until(() => messagesOf(conn).length === 1, 'the message');
-  conn.send({ id: 2, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a', body: { value: 'echo' } });
+  const echo = { id: 2, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a', body: { value: 'echo' } };
+  conn.deliver(echo, 7, 'peer.x', 3);
+  conn.deliver(echo, 8, 'peer.x', 3); // the same message carried twice: not handed on again
   const { name, posted, hasGlobalWebSocket } = await result;
 
   assert.equal(hasGlobalWebSocket, 'function');
   assert.equal(name, 'MatrixProtoStub');
-  assert.deepEqual(conn.frames[0], { cmd: 'connect', data: { runtimeURL: RUNTIME_URL } });
+  // The acknowledged protocol, spoken on the browser's own WebSocket.
+  assert.equal(conn.frames[0].cmd, 'connect');
+  assert.equal(conn.frames[0].data.runtimeURL, RUNTIME_URL);
+  assert.equal(conn.frames[0].data.ack.v, 1);
+  assert.deepEqual(conn.seqs, [1]);
+  assert.equal(posted.filter((m) => m.id === 2).length, 1);
   assert.deepEqual(
     posted.filter((m) => m.to === `${STUB_URL}/status`).map((m) => m.body.value),
     ['created', 'in-progress', 'live', 'disconnected'],

@@ -155,3 +155,30 @@ test('v2: an upgrade refused with HTTP 401 for the token is retried at once with
   assert.equal(second.query.get('token'), null);
   assert.equal(bus.lastStatus().desc, 'session resumed');
 });
+
+test('credentials go with every handshake: v1 in data.auth, v2 in the query; a function is asked each time', async (t) => {
+  const node = await startFakeNode({ hello: true });
+  t.after(() => node.close());
+  const bus = fakeBus();
+  let asked = 0;
+  const stub = await newStub(t, {
+    bus,
+    node,
+    credentials: async () => ({ type: 'matrix', token: `syt_${++asked}` }),
+  });
+  bus.send({ id: 1, type: 'ping', from: 'hyperty://example.com/a', to: 'hyperty://example.com/b' });
+  await until(() => stub.status === 'live', 'live');
+  assert.deepEqual(node.connections[0].frames[0].data.auth, { type: 'matrix', token: 'syt_1' });
+
+  node.connections[0].ws.terminate();
+  await until(() => node.connections[1]?.frames[0], 'a second handshake');
+  assert.deepEqual(node.connections[1].frames[0].data.auth, { type: 'matrix', token: 'syt_2' });
+
+  const v2bus = fakeBus();
+  const v2 = await newStub(t, { bus: v2bus, node, handshake: 'v2', hello: true, credentials: { type: 'oidc', token: 'eyJ.x.y' } });
+  v2bus.send({ id: 2, type: 'ping', from: 'hyperty://example.com/a', to: 'hyperty://example.com/b' });
+  await until(() => v2.status === 'live', 'v2 live');
+  const query = node.connections.at(-1).query;
+  assert.equal(query.get('auth_type'), 'oidc');
+  assert.equal(query.get('auth_token'), 'eyJ.x.y');
+});

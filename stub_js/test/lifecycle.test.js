@@ -84,18 +84,20 @@ test('disconnect() sends the disconnect command, posts disconnected and stops re
 
   await stub.disconnect();
 
-  assert.deepEqual(conn.frames.at(-1), { cmd: 'disconnect', data: { runtimeURL: RUNTIME_URL } });
   assert.equal((await conn.closed).code, 1000);
+  assert.deepEqual(conn.frames.at(-1), { cmd: 'disconnect', data: { runtimeURL: RUNTIME_URL } });
   assert.equal(stub.status, 'disconnected');
   await sleep(100); // many back-off periods
   assert.equal(node.connections.length, 1, 'no reconnect after disconnect()');
   assert.deepEqual(bus.statuses(), ['created', 'in-progress', 'live', 'disconnected']);
 });
 
-test('disconnect() gives up waiting for an answer after disconnectTimeout and closes anyway', async (t) => {
+test('disconnect() gives its socket up at once, without waiting for the node to answer', async (t) => {
+  // A page cycling through hundreds of runtimes would otherwise run out of sockets (a browser
+  // holds ~255) while disconnected stubs wait.
   const node = await nodeFor(t, { answerDisconnect: false });
   const bus = fakeBus();
-  const stub = await newStub(t, { bus, node, disconnectTimeout: 50 });
+  const stub = await newStub(t, { bus, node });
   bus.send(msg(1));
   await until(() => stub.status === 'live', 'live');
 
@@ -103,10 +105,10 @@ test('disconnect() gives up waiting for an answer after disconnectTimeout and cl
   await stub.disconnect();
   const elapsed = Date.now() - started;
 
-  assert.ok(elapsed >= 45 && elapsed < 1000, `waited ${elapsed} ms`);
-  assert.deepEqual(node.connections[0].frames.at(-1).cmd, 'disconnect');
-  await node.connections[0].closed;
+  assert.ok(elapsed < 20, `waited ${elapsed} ms`);
   assert.equal(stub.status, 'disconnected');
+  assert.equal((await within(node.connections[0].closed, 'the close', 500)).code, 1000);
+  assert.deepEqual(node.connections[0].frames.at(-1).cmd, 'disconnect');
 });
 
 test('after disconnect() the next message opens a fresh session without the old token', async (t) => {
@@ -137,6 +139,7 @@ test('a message sent while disconnect() is in flight goes out on a fresh session
   bus.send(msg(2));
   await closing;
 
+  await node.connections[0].closed; // everything the first connection carried has arrived
   assert.deepEqual(messagesOf(node.connections[0]), [msg(1)], 'not sent on the session being released');
   const second = await until(() => node.connections[1], 'a second connection');
   await until(() => messagesOf(second).length === 1, 'the message');

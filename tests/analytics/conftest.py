@@ -11,8 +11,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from adapter.analytics.job import build_spark, run_analysis
-from adapter.analytics.known_answers import KnownAnswers
-from adapter.analytics.synthetic import SyntheticSpec, generate_export
+from tests.support.synthetic.export import SyntheticSpec, generate_export
+from tests.support.synthetic.known_answers import KnownAnswers
 
 # Small, but crosses midnight (two date partitions), spans ~20 minutes and is made in three
 # chunks, so ids and event numbers must stay unique across chunks.

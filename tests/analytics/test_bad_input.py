@@ -17,8 +17,8 @@ from pyspark.testing import assertDataFrameEqual
 
 from adapter.analytics import names
 from adapter.analytics.job import run_analysis
-from adapter.analytics.known_answers import KnownAnswers
-from adapter.analytics.synthetic import SyntheticSpec, generate_export
+from tests.support.synthetic.export import SyntheticSpec, generate_export
+from tests.support.synthetic.known_answers import KnownAnswers
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = SyntheticSpec(rows=1_500, seed=5, rate_per_s=2.0, chunk_rows=800)

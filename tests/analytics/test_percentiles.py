@@ -6,7 +6,7 @@ import numpy as np
 from pyspark.sql import SparkSession
 
 from adapter.analytics import aggregates as agg
-from adapter.analytics.known_answers import nearest_rank
+from tests.support.synthetic.known_answers import nearest_rank
 
 
 def test_spark_percentiles_are_nearest_rank_for_every_size(spark: SparkSession) -> None:

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from adapter.analytics import names
-from adapter.analytics.known_answers import nearest_rank
 from adapter.analytics.schema import MESSAGES_ARROW_SCHEMA, RECEIPTS_ARROW_SCHEMA
-from adapter.analytics.synthetic import SyntheticSpec, generate_export
 from tests.analytics.conftest import AnalysedExport
+from tests.support.synthetic.export import SyntheticSpec, generate_export
+from tests.support.synthetic.known_answers import nearest_rank
 
 
 def _dataset(export: Path, name: str) -> list[tuple[str, pa.Table]]:

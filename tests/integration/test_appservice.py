@@ -107,6 +107,14 @@ async def test_replayed_transaction_is_not_processed_twice_even_after_restart(
         assert fourth.status == 200
         assert recorder_after.calls == 1
 
+        # Synapse on SQLite reuses transaction ids after its own restart: the same id with
+        # other events is a new transaction, not a retry.
+        reused = {"events": [{"type": EVENT_TYPE, "event_id": "$replay2", "content": {}}]}
+        fifth = await put_txn(session, restarted, "replay-1", reused, homeserver.hs_token)
+        assert fifth.status == 200
+        assert recorder_after.calls == 2
+        assert [e["event_id"] for e in recorder_after.events] == ["$replay1", "$replay2"]
+
 
 @pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
 async def test_concurrent_retry_waits_for_the_first_attempt(

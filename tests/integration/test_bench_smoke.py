@@ -1,5 +1,6 @@
 """`bench/run.py --quick` runs end to end: every scenario against the node, the relay and the
-bare pipeline, nothing lost. (The figures themselves are the benchmark's business, not a test's.)"""
+bare pipeline, the crowd and the two federating domains included, nothing lost. (The figures
+themselves are the benchmark's business, not a test's.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import json
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
+from ruamel.yaml import YAML
+
+from tests.conftest import PG_DSN, Databases
 
 pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +38,7 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
     report = json.loads(out.read_text())
     rows = report["rows"]
     targets = {r["target"] for r in rows}
-    assert targets == {"node", "relay", "bare"}
+    assert targets == {"node", "relay", "bare", "cross", "intra", "bare_cross", "bare_intra"}
     tests = {(r["test"], r["target"]) for r in rows}
     for target in ("node", "relay"):
         for test in (
@@ -48,6 +53,22 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
             assert (test, target) in tests, (test, target)
     assert all(r.get("lost", 0) == 0 and r.get("out_of_order", 0) == 0 for r in rows), rows
     assert {c["check"] for c in report["checks"]} >= {"msg_100_10000", "latency_p50_vs_bare"}
+    assert ("crowd_bare_light_load", "bare") in tests
+    for target in ("node", "relay"):
+        crowd = next(r for r in rows if r["test"] == "crowd_10x2" and r["target"] == target)
+        assert crowd["measured"] == crowd["senders"] * crowd["rate"] * crowd["window_s"], crowd
+        assert crowd["p99_ms"] is not None and crowd["setup_missing"] == 0, crowd
+        assert crowd["duplicates"] == 0 and not crowd["sender_errors"], crowd
+        assert {"node", "synapse", "driver0"} <= set(crowd["cpu_pct"]), crowd
+    # Between domains: each figure across (node A -> federation -> node B) and inside domain A,
+    # the bare pipeline across and within beside them, every message and update delivered.
+    for test in ("fed_latency", "fed_msg_1000_1000", "fed_pub_10000_20"):
+        for target in ("cross", "intra"):
+            row = next(r for r in rows if r["test"] == test and r["target"] == target)
+            assert "error" not in row and row.get("ms", row.get("p50_ms")) is not None, row
+    assert {("fed_latency", "bare_cross"), ("fed_pub_10000_event", "bare_cross")} <= tests
+    loss = next(c for c in report["checks"] if c["check"].startswith("federation: zero loss"))
+    assert loss["met"] is True, loss
 
 
 async def test_unknown_benchmark_group_is_refused() -> None:
@@ -62,4 +83,80 @@ async def test_unknown_benchmark_group_is_refused() -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
-    assert "--only takes allocation, bare, latency, memory, messaging, publication" in err.decode()
+    assert (
+        "--only takes allocation, bare, crowd, federation, latency, memory, messaging, "
+        "publication" in err.decode()
+    )
+
+
+async def test_malformed_crowd_cell_is_refused() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "bench/run.py",
+        "--crowd",
+        "200",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "--crowd" in err.decode()
+
+
+async def test_benchmark_on_postgresql_uses_a_fresh_database_and_drops_it(
+    tmp_path: Path, synapse_python: Path, databases: Databases
+) -> None:
+    await databases.postgres()  # skips when the machine has no PostgreSQL
+    out = tmp_path / "bench-pg.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "bench/run.py",
+        "--quick",
+        "--only",
+        "allocation,publication",
+        "--database",
+        "postgresql",
+        "--out",
+        str(out),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(proc.communicate(), 900)
+    assert proc.returncode == 0, output.decode(errors="replace")[-4000:]
+    report = json.loads(out.read_text())
+    assert report["machine"]["database"] == "postgresql"
+    tests = {(r["test"], r["target"]) for r in report["rows"]}
+    assert {("alloc_hyperty_1_100", "node"), ("pub_100_100", "relay")} <= tests
+    publication = next(r for r in report["rows"] if r["test"] == "pub_100_100")
+    assert publication["setup_ms"] > 0 and publication["lost"] == 0
+    # The node and the relay each had a PostgreSQL database of their own, dropped at the end.
+    log = output.decode(errors="replace")
+    work = Path(log.split("working directory ", 1)[1].split()[0])
+    names = set()
+    for phase in ("node", "relay"):
+        url = YAML().load(work / f"{phase}.yaml")["database"]["url"]
+        assert url.startswith("postgresql://"), url
+        names.add(url.rsplit("/", 1)[1])
+    assert len(names) == 2
+    async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)", [list(names)]
+        )
+        assert await cursor.fetchall() == []
+
+
+async def test_unknown_database_is_refused() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "bench/run.py",
+        "--database",
+        "mysql",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    assert "invalid choice: 'mysql'" in err.decode()

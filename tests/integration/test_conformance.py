@@ -28,12 +28,9 @@ Connect = Callable[..., Awaitable[PyRuntime]]
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def node(start_node: NodeFactory, databases: object) -> Node:
-    from adapter.storage import migrate
-
-    url = databases.sqlite()  # type: ignore[attr-defined]
-    await migrate.upgrade(url)
-    return await start_node(url)
+async def node(start_node: NodeFactory, database_url: str) -> Node:
+    # On both databases: their hot-path writes (allocations, subscriptions) take different paths.
+    return await start_node(database_url)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -28,11 +28,16 @@ async def test_demo_page_exchanges_ping_and_pong(
         # A second exchange, started from the page's button.
         await page.click("#ping")
         await page.wait_for_selector("#result[data-pongs='2']", timeout=30_000)
+        # Bob leaves: Alice, who follows his registration, is told at once.
+        await page.click("#disconnect")
+        gone = "#bob-registration[data-status='disconnected']"
+        await page.wait_for_selector(gone, timeout=15_000)
         alice_log = await page.locator("#alice .log li").all_inner_texts()
         bob_log = await page.locator("#bob .log li").all_inner_texts()
         statuses = await page.locator(".status").all_inner_texts()
     assert errors == []
-    assert statuses == ["live", "live"]
+    assert statuses == ["live", "disconnected"]
+    assert any("found Bob by user" in line for line in alice_log)
     assert sum("← ping" in line for line in bob_log) == 2
     assert sum("→ response" in line for line in bob_log) == 2
     assert sum('"pong"' in line for line in alice_log) == 2

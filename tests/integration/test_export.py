@@ -122,17 +122,21 @@ async def test_export_cli_reports_and_survives_bad_events(
         [b] = await peer.allocate(D)
         await rt.send({"id": 1, "type": "ping", "from": a, "to": b})
         await peer.receive(15)
-        # A foreign event of our type with garbage content lands in the runtime's room.
-        assert node.rooms is not None and node.sessions is not None
-        intent, room_id = await node.rooms.outbox(rt.runtime_url, 0)
-        await intent.send_event(room_id, "eu.rethink-project.mn.batch", {"v": 1, "junk": True})
-        await intent.send_event(
+        # Garbage of our event type lands in the runtime's lane: a lane batch with neither
+        # messages nor media, and an old-format batch carrying things that are not messages.
+        session = node.sessions.by_runtime(rt.runtime_url)
+        assert session is not None and node.lanes is not None
+        room_id = node.lanes.for_session(session).room_id
+        assert room_id is not None
+        bot = node.api.bot
+        await bot.send_event(room_id, "eu.rethink-project.mn.batch", {"v": 2, "junk": True})
+        await bot.send_event(
             room_id,
             "eu.rethink-project.mn.batch",
             {"v": 1, "count": 1, "messages": ["not json", 5]},
         )
         summary = await export(node.config, tmp_path / "out")
-        assert summary.undecodable.get("neither 'messages' nor a media reference") == 1
+        assert summary.undecodable.get("neither inline items nor a media reference") == 1
         rows = read(tmp_path / "out" / "messages")
         odd = [r for r in rows if r["kind"] == "routed" and r["type"] is None]
         assert len(odd) == 2  # rows for undecodable texts, with only the event columns

@@ -12,9 +12,13 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 
-from adapter.storage import migrate
+from adapter.storage import (
+    migrate,
+    policy_models,  # noqa: F401 - its tables belong to Base too
+)
 from adapter.storage.database import Database
 from adapter.storage.models import Base
+from adapter.storage.registry_models import RegistryEntry  # noqa: F401 - registers its table
 
 from ..conftest import Databases
 
@@ -55,6 +59,10 @@ async def test_upgrade_matches_models_and_downgrade_reverts(
         "processed_transactions",
         "pending_deliveries",
         "learned_routes",
+        "export_positions",
+        "registry_entries",
+        "policy_rules",
+        "policy_settings",
     } <= tables
 
     await migrate.downgrade(url, "base")

@@ -1,5 +1,6 @@
-"""RouteStore's allocation writes on SQLite and PostgreSQL: one address, a block, and more than
-the prepared fast path takes, each stored exactly and removable by address."""
+"""RouteStore's writes on SQLite and PostgreSQL: allocations, subscriptions and learned routes of
+one address, a block, and more than the prepared fast path takes, each stored exactly and
+removable."""
 
 from __future__ import annotations
 
@@ -24,20 +25,25 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     await database.dispose()
 
 
-async def test_allocation_blocks_round_trip(db: Database) -> None:
+async def add_session(db: Database, n: int = 1) -> int:
     now = utcnow()
-    add_session = (
+    statement = (
         insert(RuntimeSession)
         .values(
-            runtime_url="runtime://example.com/1",
-            user_id="@_rethink_1:example.com",
+            runtime_url=f"runtime://example.com/{n}",
+            user_id=f"@_rethink_{n}:example.com",
+            key=f"k{n}",
             state="live",
             created_at=now,
             last_seen=now,
         )
         .returning(RuntimeSession.id)
     )
-    session_id = await db.run(lambda c: c.execute(add_session).scalar_one())
+    return int(await db.run(lambda c: c.execute(statement).scalar_one()))
+
+
+async def test_allocation_blocks_round_trip(db: Database) -> None:
+    session_id = await add_session(db)
     store = RouteStore(db)
     one = ["hyperty://example.com/one"]
     block = [f"hyperty://example.com/block-{i}" for i in range(3)]
@@ -60,3 +66,39 @@ async def test_allocation_blocks_round_trip(db: Database) -> None:
     await store.remove_allocations(session_id, block[:2])
     await store.remove_allocations(session_id, large)
     assert {r.address for r in await store.allocations()} == {block[2]}
+
+
+async def test_subscriptions_round_trip(db: Database) -> None:
+    one, other = await add_session(db, 1), await add_session(db, 2)
+    store = RouteStore(db)
+    obj = "comm://example.com/obj"
+    block = [f"{obj}/changes", f"{obj}/children/chat", f"{obj}/children/files"]
+    large = [f"{obj}/children/{i}" for i in range(SMALL + 5)]
+    await store.subscribe(one, [obj])
+    await store.subscribe(one, block)
+    await store.subscribe(one, [*block[:2], block[0]])  # again, and twice in one request
+    await store.subscribe(one, large)
+    await store.subscribe(other, [f"{obj}/changes"])
+    assert set(await store.subscriptions()) == {
+        *((a, one) for a in [obj, *block, *large]),
+        (f"{obj}/changes", other),
+    }
+
+    await store.unsubscribe(one, [obj])
+    await store.unsubscribe(one, block[:2])
+    await store.unsubscribe(one, large)
+    await store.unsubscribe(one, ["comm://example.com/never-subscribed"])
+    # Only the requester's subscriptions go: the other session keeps the same address.
+    assert set(await store.subscriptions()) == {(block[2], one), (f"{obj}/changes", other)}
+
+
+async def test_learned_routes_move_to_the_latest_session(db: Database) -> None:
+    one, other = await add_session(db, 1), await add_session(db, 2)
+    store = RouteStore(db)
+    await store.learn(one, "hyperty://elsewhere.org/a")
+    await store.learn(one, "hyperty://elsewhere.org/b")
+    await store.learn(other, "hyperty://elsewhere.org/a")
+    assert set(await store.learned()) == {
+        ("hyperty://elsewhere.org/a", other),
+        ("hyperty://elsewhere.org/b", one),
+    }

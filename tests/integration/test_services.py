@@ -71,8 +71,9 @@ async def test_registry_and_global_registry_are_relayed(
         assert gr["body"]["code"] == 200 and gr["body"]["Value"] == "the-jwt"
         assert gr["body"]["value"]["Value"] == "the-jwt"
 
+        # The IdM answers from the node itself: an anonymous session has no identity to read.
         idm = await rt.request(f"domain://idm.{D}", "read", {})
-        assert idm["body"]["code"] == 501
+        assert idm["body"]["code"] == 404 and "no identity" in idm["body"]["desc"]
         unknown = await rt.request(f"domain://msg-node.{D}/nothing-here", "read", {})
         assert unknown["body"]["code"] == 404
     finally:
@@ -82,9 +83,10 @@ async def test_registry_and_global_registry_are_relayed(
 async def test_unconfigured_registry_answers_503(
     start_node: NodeFactory, databases: Databases
 ) -> None:
+    """No external registry and the built-in one switched off."""
     url = databases.sqlite()
     await migrate.upgrade(url)
-    node = await start_node(url)
+    node = await start_node(url, **{"registry.builtin.enabled": False})
     rt = await PyRuntime(
         f"ws://127.0.0.1:{node.stub_port}/stub/connect", f"runtime://{D}/noreg"
     ).connect()

@@ -122,3 +122,59 @@ async def test_killing_up_leaves_no_synapse_behind(synapse_python: Path, tmp_pat
     async with asyncio.timeout(20):
         while _alive(synapse_pid):
             await asyncio.sleep(0.2)
+
+
+async def test_up_two_domains_runs_both_and_stops_cleanly(
+    synapse_python: Path, tmp_path: Path
+) -> None:
+    # The default ports are fixed (8008, 8018, ...); a test pre-creates both domains' configs on
+    # free ports, which `up --two-domains` then uses as a user's edited configs.
+    from adapter.localstack.up import LocalDomain, two_domain_config
+
+    domains = (
+        LocalDomain("a.localhost", free_port(), free_port(), free_port(), free_port()),
+        LocalDomain("b.localhost", free_port(), free_port(), free_port(), free_port()),
+    )
+    state = tmp_path / "var"
+    configs = [two_domain_config(state, i, lambda _: None, domains) for i in (0, 1)]
+    assert configs[0].federation.peers["b.localhost"].server_name == (
+        f"127.0.0.1:{domains[1].federation_port}"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "adapter.cli",
+        "up",
+        "--two-domains",
+        "--state-dir",
+        str(state),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        async with asyncio.timeout(180):
+            while not any(line.startswith("press Ctrl-C") for line in output):
+                line = (await proc.stdout.readline()).decode()
+                assert line, "up --two-domains exited early:\n" + "".join(output)
+                output.append(line)
+        async with aiohttp.ClientSession() as session:
+            for domain in domains:
+                url = f"http://127.0.0.1:{domain.appservice_port}/health"
+                async with session.get(url) as resp:
+                    report = await resp.json()
+                assert resp.status == 200, report
+                assert report["checks"]["homeserver"]["ok"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
+        output.append(rest.decode())
+    text = "".join(output)
+    assert proc.returncode == 0, text
+    for domain in domains:
+        assert f"ws://127.0.0.1:{domain.stub_port}/stub/connect" in text
+    pids = [int(pid) for pid in re.findall(r"Synapse \S+ is up \(pid (\d+)\)", text)]
+    assert len(pids) == 2, text
+    assert not any(_alive(pid) for pid in pids), "a Synapse outlived `up --two-domains`"

@@ -13,11 +13,15 @@ import orjson
 
 class PyRuntime:
     """Connects like a stub (v2 handshake by default), sends reTHINK messages and collects what
-    the node delivers. ``requests`` answers the node's MN services return."""
+    the node delivers. ``requests`` answers the node's MN services return.
+
+    With ``acked=True`` it speaks the acknowledged protocol as the bundled stub does: numbered
+    messages kept until acknowledged and sent again on ``connect``, numbered deliveries
+    acknowledged (unless ``hold_acks``) and deduplicated; ``duplicates`` counts what it dropped."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, stub_url: str, runtime_url: str) -> None:
+    def __init__(self, stub_url: str, runtime_url: str, acked: bool = False) -> None:
         self.stub_url = stub_url
         self.runtime_url = runtime_url
         self.stub_address = runtime_url.replace("runtime://", "hyperty-runtime://") + "/protostub"
@@ -28,36 +32,110 @@ class PyRuntime:
         self.connect_answer: dict[str, Any] | None = None
         self._reader: asyncio.Task[None] | None = None
         self.close_code: int | None = None
+        self.acked = acked
+        self.stub_id = f"py{next(self._ids):06d}stub"
+        self.next_seq = 1
+        self.unacked: list[tuple[int, str]] = []  # numbered messages the node has not confirmed
+        self.node_acks: list[int] = []  # every {cmd: ack, seq} the node sent
+        self.received = 0  # highest delivery number handed on
+        self.origins: dict[str, int] = {}
+        self.duplicates = 0
+        self.hold_acks = False
+        self.token: str | None = None
 
-    async def connect(self, handshake: str = "v2", token: str | None = None) -> PyRuntime:
+    async def connect(
+        self,
+        handshake: str = "v2",
+        token: str | None = None,
+        auth: dict[str, str] | None = None,
+        hello: bool = False,
+    ) -> PyRuntime:
+        """``auth``: the credential presented ({type, token}). A runtime speaking the
+        acknowledged protocol keeps the session token it was given and presents it again, as
+        the bundled stub does."""
         self.session = self.session or aiohttp.ClientSession()
+        if self.acked:
+            handshake = "v1"
+            token = token or self.token
         if handshake == "v2":
             params = {"runtimeURL": self.runtime_url}
             if token:
                 params["token"] = token
+            if hello:
+                params["hello"] = "1"
+            if auth:
+                params["auth_type"], params["auth_token"] = auth["type"], auth["token"]
             self.ws = await self.session.ws_connect(self.stub_url, params=params)
+            if hello:
+                self.connect_answer = await self.ws.receive_json(timeout=10)
         else:
             self.ws = await self.session.ws_connect(self.stub_url)
             data: dict[str, Any] = {"runtimeURL": self.runtime_url}
             if token:
                 data["token"] = token
+            if auth:
+                data["auth"] = auth
+            if self.acked:
+                data["ack"] = {"v": 1, "stub": self.stub_id, "received": self.received}
             await self.ws.send_str(orjson.dumps({"cmd": "connect", "data": data}).decode())
             answer = await self.ws.receive_json(timeout=10)
             self.connect_answer = answer
+            if answer.get("response") != 200:
+                return self
+            if self.acked:
+                self.token = answer["data"]["token"]
+                assert answer["data"]["ack"]["v"] == 1, answer
+                if answer["data"]["session"] == "new":
+                    self.received = 0
+                self._acknowledged(answer["data"]["ack"]["seq"])
         self._reader = asyncio.create_task(self._read())
+        for seq, text in list(self.unacked):
+            await self.ws.send_str(f"[{seq},{text}]")
         return self
+
+    def _acknowledged(self, seq: int) -> None:
+        self.node_acks.append(seq)
+        self.unacked = [(s, t) for s, t in self.unacked if s > seq]
 
     async def _read(self) -> None:
         assert self.ws is not None
         async for frame in self.ws:
             if frame.type == aiohttp.WSMsgType.TEXT:
                 self.frames.append(frame.data)
-                await self.inbox.put(orjson.loads(frame.data))
+                parsed = orjson.loads(frame.data)
+                if isinstance(parsed, list) and self.acked:
+                    await self._numbered(*parsed)
+                elif isinstance(parsed, dict) and parsed.get("cmd") == "ack" and self.acked:
+                    self._acknowledged(parsed["seq"])
+                else:
+                    await self.inbox.put(parsed)
         self.close_code = self.ws.close_code
+
+    async def _numbered(self, dseq: int, origin: str | None, oseq: int, message: Any) -> None:
+        fresh = dseq > self.received
+        if fresh:
+            self.received = dseq
+        if fresh and origin is not None:
+            if oseq <= self.origins.get(origin, 0):
+                fresh = False
+            else:
+                self.origins[origin] = oseq
+        if fresh:
+            await self.inbox.put(message)
+        else:
+            self.duplicates += 1
+        if not self.hold_acks and self.ws is not None and not self.ws.closed:
+            await self.ws.send_str(orjson.dumps({"cmd": "ack", "received": self.received}).decode())
 
     async def send(self, message: dict[str, Any] | str) -> None:
         assert self.ws is not None
         text = message if isinstance(message, str) else orjson.dumps(message).decode()
+        if self.acked:
+            seq, self.next_seq = self.next_seq, self.next_seq + 1
+            self.unacked.append((seq, text))
+            if not self.ws.closed:
+                await self.ws.send_str(f"[{seq},{text}]")
+            return
         await self.ws.send_str(text)
 
     async def receive(self, timeout: float = 10.0) -> Any:

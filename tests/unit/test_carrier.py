@@ -1,4 +1,5 @@
-"""The batch encodings: inline when it fits an event, framed media otherwise, exact both ways."""
+"""The batch encodings: inline when it fits an event, framed media otherwise, exact both ways,
+with each message's sender and number."""
 
 from __future__ import annotations
 
@@ -7,40 +8,49 @@ import json
 import orjson
 import pytest
 
-from adapter.routing import carrier
-from adapter.routing.carrier import CarrierError, MessageEncoder, Outgoing
+from adapter import carrier
+from adapter.carrier import CarrierError, LaneEncoder, Routed, Sender
+from adapter.routing.lanes import Outgoing
+
+ALICE = Sender("k1.stubA", "runtime://x/alice", "@_rethink_a:hs")
+BOB = Sender("k2.n", "runtime://x/bob", "@_rethink_b:hs")
 
 
-def message(i: int, size: int = 10) -> Outgoing:
+def message(i: int, size: int = 10, sender: Sender = ALICE) -> Outgoing:
     text = json.dumps(
         {
             "id": i,
             "type": "update",
             "from": "a",
             "to": ["b", "c"],
-            "body": {"s": 'é"\\\n' + "x" * size},
+            "body": {"s": 'é"\\\n' + "x" * size, "f": 1.5e300, "big": 2**70},
         }
     )
-    return Outgoing(text, ("b", "c"))
+    return Outgoing(Routed(text, ("b", "c"), sender, i + 1), 1)
 
 
 async def no_media(uri: str) -> bytes:
     raise AssertionError(f"unexpected media fetch {uri}")
 
 
-async def test_small_batches_travel_inline_with_exact_texts() -> None:
-    items = [message(i) for i in range(5)]
-    encoded = MessageEncoder().encode({"runtime": "runtime://x/1", "seq": 3}, items)
+async def test_small_batches_travel_inline_with_exact_texts_and_senders() -> None:
+    items = [message(i, sender=ALICE if i % 2 else BOB) for i in range(5)]
+    encoded = LaneEncoder().encode({"lane": 1, "n": 3}, items)
     assert encoded.inline is not None and encoded.blob is None
     content = orjson.loads(encoded.inline)
-    assert content["count"] == 5 and content["seq"] == 3 and content["v"] == 1
-    decoded = await carrier.decode_messages(content, no_media)
-    assert [text for text, _ in decoded] == [i.text for i in items]
+    assert content["count"] == 5 and content["n"] == 3 and content["v"] == 2
+    # Each sender once, in order of first appearance: the event's audit trail.
+    assert content["senders"] == [
+        [BOB.origin, BOB.runtime, BOB.user],
+        [ALICE.origin, ALICE.runtime, ALICE.user],
+    ]
+    decoded = await carrier.decode_batch(content, no_media)
+    assert decoded == [i.routed for i in items]
 
 
 async def test_large_batches_go_to_media_framed_with_their_destinations() -> None:
-    items = [message(i, size=2000) for i in range(40)]  # ~80 kB: more than one event holds
-    encoded = MessageEncoder().encode({"runtime": "r", "seq": 1}, items)
+    items = [message(i, size=2000, sender=ALICE if i < 20 else BOB) for i in range(40)]
+    encoded = LaneEncoder().encode({"n": 1}, items)
     assert encoded.inline is None and encoded.blob is not None
     content = orjson.loads(encoded.media_content("mxc://hs/abc"))
     assert content["media"]["uri"] == "mxc://hs/abc"
@@ -50,13 +60,12 @@ async def test_large_batches_go_to_media_framed_with_their_destinations() -> Non
         assert uri == "mxc://hs/abc" and encoded.blob is not None
         return encoded.blob
 
-    decoded = await carrier.decode_messages(content, fetch)
-    assert decoded == [(i.text, i.to) for i in items]
+    assert await carrier.decode_batch(content, fetch) == [i.routed for i in items]
 
 
 async def test_damaged_media_is_refused() -> None:
     items = [message(i, size=4000) for i in range(20)]
-    encoded = MessageEncoder().encode({}, items)
+    encoded = LaneEncoder().encode({}, items)
     assert encoded.blob is not None
     content = orjson.loads(encoded.media_content("mxc://hs/x"))
     blob = encoded.blob
@@ -65,41 +74,74 @@ async def test_damaged_media_is_refused() -> None:
         return blob[:-10]
 
     async def flipped(_uri: str) -> bytes:
-        return blob[:100] + b"?" + blob[101:]
+        return blob[:100] + bytes([blob[100] ^ 1]) + blob[101:]
 
     with pytest.raises(CarrierError, match="size"):
-        await carrier.decode_messages(content, truncated)
+        await carrier.decode_batch(content, truncated)
     with pytest.raises(CarrierError, match="crc32"):
-        await carrier.decode_messages(content, flipped)
+        await carrier.decode_batch(content, flipped)
 
 
-def test_unframe_rejects_garbage() -> None:
-    for blob in (b"nonsense", b"3 4\n[]", b"-1 2\nab", b"2 99\n[]abc"):
-        with pytest.raises(CarrierError):
-            carrier.unframe(blob)
+@pytest.mark.parametrize(
+    "content",
+    [
+        None,
+        {"v": 1, "messages": ["x"]},
+        {"v": 2, "messages": [[0, 1, ["b"], "x"]]},  # no sender table
+        {"v": 2, "senders": [["o", "r", "u"]], "messages": [[1, 1, ["b"], "x"]]},  # bad index
+        {"v": 2, "senders": [["o", "r", "u"]], "messages": [[0, "1", ["b"], "x"]]},
+        {"v": 2, "senders": [["o", "r", "u"]], "messages": [[0, 1, "b", "x"]]},
+        {"v": 2, "senders": [["o", "r"]], "messages": []},
+        {"v": 2, "senders": [], "media": {"uri": 5}},
+    ],
+)
+async def test_content_that_is_not_a_lane_batch_is_refused(content: object) -> None:
+    with pytest.raises(CarrierError):
+        await carrier.decode_batch(content, no_media)
 
 
-async def test_foreign_content_is_not_ours() -> None:
-    for content in (None, [], {"v": 2, "messages": []}, {"v": 1}, {"v": 1, "media": "x"}):
-        with pytest.raises(CarrierError):
-            await carrier.decode_messages(content, no_media)
-
-
-async def test_journal_batches_inline_and_media() -> None:
-    encoder = carrier.JournalEncoder()
-    entries = [orjson.dumps({"kind": "service", "n": i}) for i in range(3)]
-    inline = encoder.encode({}, entries)
-    assert inline.inline is not None
-    assert await carrier.decode_entries(orjson.loads(inline.inline), no_media) == [
-        {"kind": "service", "n": i} for i in range(3)
-    ]
-    big = [orjson.dumps({"kind": "service", "pad": "y" * 5000, "n": i}) for i in range(20)]
-    media = encoder.encode({}, big)
-    assert media.blob is not None
+async def test_events_of_the_outbox_format_are_still_read() -> None:
+    legacy = {
+        "v": 1,
+        "runtime": "runtime://x/1",
+        "seq": 1,
+        "count": 2,
+        "messages": ['{"a":1}', "[]"],
+    }
+    assert await carrier.decode_legacy_batch(legacy, no_media) == ['{"a":1}', "[]"]
+    frames = b'5 7\n["b"]{"a":1}'
+    media = {"v": 1, "count": 1, "media": {"uri": "mxc://h/m", "encoding": "rethink-frames-1"}}
 
     async def fetch(_uri: str) -> bytes:
-        assert media.blob is not None
-        return media.blob
+        return frames
 
-    got = await carrier.decode_entries(orjson.loads(media.media_content("mxc://hs/j")), fetch)
-    assert [e["n"] for e in got] == list(range(20))
+    assert await carrier.decode_legacy_batch(media, fetch) == ['{"a":1}']
+
+
+async def test_journal_batches_round_trip() -> None:
+    entries = [orjson.dumps({"kind": "service", "n": i}) for i in range(3)]
+    encoded = carrier.JournalEncoder().encode({}, entries)
+    assert encoded.inline is not None
+    decoded = await carrier.decode_entries(orjson.loads(encoded.inline), no_media)
+    assert decoded == [{"kind": "service", "n": i} for i in range(3)]
+
+
+async def test_a_batch_of_many_runtimes_keeps_its_sender_table_out_of_the_event() -> None:
+    """Hundreds of runtimes' messages in one event: the sender table goes to media with the
+    messages, or the event would outgrow what the homeserver accepts."""
+    crowd = [
+        Sender(f"{i:016x}.stubX", f"runtime://x/{i:04d}", f"@_rethink_{i:032x}:hs")
+        for i in range(700)
+    ]
+    items = [message(i, size=60, sender=crowd[i]) for i in range(700)]
+    encoded = LaneEncoder().encode({"n": 9}, items)
+    assert encoded.blob is not None
+    content = orjson.loads(encoded.media_content("mxc://hs/m"))
+    assert len(encoded.media_content("mxc://hs/m")) < 1000 and "senders" not in content
+
+    async def fetch(_uri: str) -> bytes:
+        assert encoded.blob is not None
+        return encoded.blob
+
+    decoded = await carrier.decode_batch(content, fetch)
+    assert decoded == [i.routed for i in items]

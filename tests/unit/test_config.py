@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from adapter.config import ConfigError, load_config, parse_config
 
@@ -36,20 +37,15 @@ def test_example_config_is_valid_and_complete() -> None:
     assert cfg.domain == "localhost"
     # Every key of the model appears in the example (it documents every key).
     text = example.read_text()
-    for section in (
-        "homeserver",
-        "appservice",
-        "stub",
-        "database",
-        "logging",
-        "routing",
-        "policy",
-        "registry",
-        "global_registry",
-    ):
+    for section in type(cfg).model_fields:
         model = getattr(cfg, section)
+        if not isinstance(model, BaseModel):
+            continue
+        assert f"\n{section}:" in text, f"section {section} is not in config.example.yaml"
         for key in type(model).model_fields:
             assert f"{key}:" in text, f"{section}.{key} is not documented in config.example.yaml"
+    for key in type(cfg.registry.builtin).model_fields:
+        assert f"    {key}:" in text, f"registry.builtin.{key} is not documented"
 
 
 def test_unknown_key_is_named() -> None:
@@ -108,3 +104,29 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("appservice: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad, environ={})
+
+
+def test_the_builtin_registry_serves_while_no_registry_url_is_set() -> None:
+    cfg = parse_config(minimal(), environ={})
+    builtin = cfg.registry.builtin
+    assert cfg.registry.uses_builtin
+    assert (builtin.lifetime_seconds, builtin.max_lifetime_seconds) == (3600, 86400)
+    assert (builtin.disconnected_grace_seconds, builtin.rest_api) == (3600, "read-only")
+    external = parse_config({**minimal(), "registry": {"url": "http://registry:4567"}}, environ={})
+    assert not external.registry.uses_builtin
+    off = parse_config({**minimal(), "registry": {"builtin": {"enabled": False}}}, environ={})
+    assert not off.registry.uses_builtin
+
+
+def test_builtin_registry_settings_are_checked() -> None:
+    msg = error_of(
+        {
+            **minimal(),
+            "registry": {"builtin": {"lifetime_seconds": 7200, "max_lifetime_seconds": 60}},
+        }
+    )
+    assert "registry.builtin: lifetime_seconds must not exceed max_lifetime_seconds" in msg
+    msg = error_of({**minimal(), "registry": {"builtin": {"rest_api": "on"}}})
+    assert "registry.builtin.rest_api" in msg
+    msg = error_of({**minimal(), "registry": {"builtin": {"disconnected_grace_seconds": -1}}})
+    assert "registry.builtin.disconnected_grace_seconds" in msg

@@ -1,4 +1,5 @@
-"""The Database: worker threads with group commit, and run_small's inline path on SQLite."""
+"""The Database: worker threads with group commit, run_small's inline path on SQLite, and the
+statements the PostgreSQL fast path sends."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import Column, Connection, Integer, MetaData, Table, bindparam, text
+from sqlalchemy import Column, Connection, Enum, Integer, MetaData, Table, bindparam, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from adapter.storage.database import Database, Prepared
+from adapter.storage.models import SessionState
+from adapter.storage.prepared import MAX_BLOCK
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -108,3 +111,116 @@ async def test_execute_small_commits_inline_and_rolls_back_on_error(db: Database
     await db.execute_small(insert_x, [{"x": 3}, {"x": 4}])
     rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
     assert rows == [1, 2, 3, 4]
+
+
+# -- Prepared: the SQL and arguments the PostgreSQL fast path sends ----------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pg_dialect_db() -> AsyncIterator[Database]:
+    # Compiles for PostgreSQL; never connects (nothing is executed).
+    database = Database("postgresql+psycopg://nobody@127.0.0.1:1/none", workers=1)
+    yield database
+    await database.dispose()
+
+
+def pair_table() -> Table:
+    return Table("p", MetaData(), Column("x", Integer, primary_key=True), Column("y", Integer))
+
+
+def insert_pairs(db: Database, block: bool = True) -> Prepared:
+    t = pair_table()
+    return Prepared(
+        db,
+        t.insert().values(x=bindparam("x"), y=bindparam("y")),
+        [t.c.x, t.c.y],
+        block=(
+            (
+                lambda n: t.insert().values(
+                    [{"x": bindparam(f"x_{i}"), "y": bindparam(f"y_{i}")} for i in range(n)]
+                )
+            )
+            if block
+            else None
+        ),
+    )
+
+
+async def test_bound_one_row_is_one_prepared_statement_without_returning(
+    pg_dialect_db: Database,
+) -> None:
+    bound = insert_pairs(pg_dialect_db).bound({"x": 1, "y": 2})
+    assert bound.sql.startswith("INSERT INTO p (x, y) VALUES (%(x)s")
+    assert "RETURNING" not in bound.sql  # nothing reads the new key: no row comes back
+    assert bound.args == {"x": 1, "y": 2}
+    assert not bound.many and bound.prepare
+    assert insert_pairs(pg_dialect_db).bound([{"x": 1, "y": 2}]) == bound
+
+
+async def test_bound_rows_become_one_multi_row_statement(pg_dialect_db: Database) -> None:
+    bound = insert_pairs(pg_dialect_db).bound(
+        [{"x": 1, "y": 2}, {"x": 3, "y": 4}, {"x": 5, "y": 6}]
+    )
+    assert bound.sql.count("%(x_") == 3 and not bound.many
+    assert bound.args == {"x_0": 1, "y_0": 2, "x_1": 3, "y_1": 4, "x_2": 5, "y_2": 6}
+    assert bound.prepare  # an INSERT ... VALUES has one plan: safe to keep prepared
+
+
+async def test_bound_block_with_a_where_is_planned_with_its_values(
+    pg_dialect_db: Database,
+) -> None:
+    t = pair_table()
+    remove = Prepared(
+        pg_dialect_db,
+        t.delete().where(t.c.x == bindparam("x")),
+        [t.c.x],
+        block=lambda n: t.delete().where(t.c.x.in_([bindparam(f"x_{i}") for i in range(n)])),
+    )
+    assert remove.bound({"x": 1}).prepare
+    block = remove.bound([{"x": 1}, {"x": 2}])
+    assert "IN (%(x_0)s, %(x_1)s)" in block.sql
+    # A generic plan made while the table was small would scan it for ever after.
+    assert not block.prepare
+
+
+async def test_bound_rows_without_a_block_form_run_as_one_transaction(
+    pg_dialect_db: Database,
+) -> None:
+    rows = [{"x": i, "y": i} for i in range(3)]
+    bound = insert_pairs(pg_dialect_db, block=False).bound(rows)
+    assert bound.many and bound.args == rows and "%(x)s" in bound.sql
+    # Beyond the largest block compiled, too.
+    many = [{"x": i, "y": i} for i in range(MAX_BLOCK + 1)]
+    assert insert_pairs(pg_dialect_db).bound(many).many
+
+
+async def test_bound_applies_the_columns_bind_processing(pg_dialect_db: Database) -> None:
+    t = Table("e", MetaData(), Column("k", Enum(SessionState, native_enum=False)))
+    prepared = Prepared(
+        pg_dialect_db,
+        t.insert().values(k=bindparam("k")),
+        [t.c.k],
+        block=lambda n: t.insert().values([{"k": bindparam(f"k_{i}")} for i in range(n)]),
+    )
+    # Stored as SQLAlchemy stores it (the enum's name), in both forms.
+    assert prepared.bound({"k": SessionState.DETACHED}).args == {"k": "DETACHED"}
+    two = prepared.bound([{"k": SessionState.CONNECTED}, {"k": SessionState.DETACHED}])
+    assert two.args == {"k_0": "CONNECTED", "k_1": "DETACHED"}
+
+
+# -- SQLite's durability setting -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("synchronous_commit", "expected"), [(False, 1), (True, 2)])
+async def test_sqlite_synchronous_setting_follows_synchronous_commit(
+    tmp_path: Path, synchronous_commit: bool, expected: int
+) -> None:
+    database = Database(
+        f"sqlite:///{tmp_path / 'sync.sqlite'}", synchronous_commit=synchronous_commit
+    )
+    try:
+        # 1 = NORMAL (durable against a crash of the node), 2 = FULL (of the machine too).
+        level = await database.run(lambda c: c.exec_driver_sql("PRAGMA synchronous").scalar())
+        assert level == expected
+    finally:
+        await database.dispose()

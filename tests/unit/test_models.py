@@ -37,6 +37,7 @@ def add_runtime(conn: Connection, n: int) -> int:
             .values(
                 runtime_url=f"runtime://mn.test/{n}",
                 user_id=f"@_rethink_{n}:hs",
+                key=f"key{n}",
                 state=SessionState.CONNECTED,
                 created_at=now,
                 last_seen=now,
@@ -112,7 +113,7 @@ async def test_removing_a_session_removes_what_it_owned(db: Database) -> None:
         )
         conn.execute(
             insert(PendingDelivery).values(
-                session_id=rt, payload="{}", event_id=None, created_at=now
+                session_id=rt, dseq=1, payload="{}", oseq=0, event_id=None, created_at=now
             )
         )
         conn.execute(delete(RuntimeSession).where(RuntimeSession.id == rt))

@@ -25,14 +25,13 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from adapter.messages import Message, parse
+from adapter.envelope import Message, parse
 from adapter.services import registry as registry_module
 from adapter.services.base import Requester, ServiceReply
 from adapter.services.registry import (
     DOMAIN_NOT_CONFIGURED,
     DomainRegistryConnector,
     GlobalRegistryConnector,
-    IdmConnector,
     domain_registry_address,
     is_service_address,
 )
@@ -692,15 +691,7 @@ async def test_global_not_configured_and_unreachable(session: aiohttp.ClientSess
     assert reply.desc is not None and reply.desc.startswith("global registry unreachable")
 
 
-# --- IdM and addresses ---------------------------------------------------------------------------
-
-
-async def test_idm_answers_501() -> None:
-    reply = await IdmConnector().handle(
-        message("read", {"resource": ALICE}, to="domain://idm.example.com"), REQUESTER
-    )
-    assert reply.code == 501
-    assert reply.desc is not None and "not implemented" in reply.desc
+# --- addresses ---------------------------------------------------------------------------
 
 
 def test_service_address_matching() -> None:

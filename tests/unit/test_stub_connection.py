@@ -40,13 +40,14 @@ class FakeRequest:
 
 
 def connection(ws: FakeWebSocket, handed_back: list[str], slow: float) -> StubConnection:
-    return StubConnection(
+    conn = StubConnection(
         ws,
-        FakeRequest(),
-        max_backlog_bytes=4000,  # type: ignore[arg-type]
-        on_overflow=handed_back.extend,
+        FakeRequest(),  # type: ignore[arg-type]
+        max_backlog_bytes=4000,
         slow_seconds=slow,
     )
+    conn.on_overflow = handed_back.extend
+    return conn
 
 
 async def test_a_send_waits_for_a_reader_far_behind_then_goes_on() -> None:

@@ -1,0 +1,148 @@
+"""Does what a message says about its sender's identity agree with what the node verified?
+
+reTHINK runtimes put the user's identity into message bodies (dev-runtime-core
+``IdentityHandler``/``MessageBodyIdentity``, specs ``Message.json``):
+
+* ``identity: {userProfile: {userURL, username, preferred_username, ...}, idp: {domain, protocol},
+  assertion, expires}`` — a logged-in user;
+* ``identity: {userProfile: {guid: "anonymous"}}`` (or another guid) — no user named;
+* ``identity: "user://gmail.com/alice"`` — older runtimes, a bare user URL;
+* ``idToken: "<JWT>"`` — the IdP's token itself (its claims name the user).
+
+Every identifier asserted (user URL, username/e-mail, the token's e-mail or subject) must be a
+spelling of the session's verified identity, and an asserted IdP domain must be its IdP. The
+token's signature is not checked here: a claim is only accepted when it names the identity the
+node already verified for this session, so an unsigned claim proves nothing more than that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import jwt
+
+from .model import Identity, user_url_from_email
+
+AssertionOutcome = Literal["match", "mismatch", "absent", "unverified"]
+
+# userProfile fields that name the user. preferred_username and name are display names.
+_PROFILE_IDENTIFIERS = ("userURL", "username", "email")
+
+
+@dataclass(frozen=True, slots=True)
+class AssertionCheck:
+    """``match``: attach ``assertedIdentity: true``; ``mismatch``: refuse (403); ``absent``: the
+    body asserts nobody; ``unverified``: it asserts someone but the session has no verified
+    identity to hold it against (an anonymous runtime): forward without ``assertedIdentity``."""
+
+    outcome: AssertionOutcome
+    reason: str
+    asserted: tuple[str, ...] = ()
+
+
+def check_assertion(body: Mapping[str, Any], verified: Identity | None) -> AssertionCheck:
+    try:
+        asserted, idp = _asserted(body)
+    except _Malformed as exc:
+        return AssertionCheck("mismatch", str(exc))
+    if not asserted:
+        return AssertionCheck("absent", "the message asserts no user identity")
+    names = tuple(asserted)
+    if verified is None or not verified.authenticated:
+        return AssertionCheck(
+            "unverified", "the message asserts an identity the session has not proven", names
+        )
+    aliases = verified.aliases()
+    for name in names:
+        if name.casefold() not in aliases:
+            return AssertionCheck(
+                "mismatch",
+                f"the message asserts {name!r}, the session is authenticated as "
+                f"{verified.user_id!r}",
+                names,
+            )
+    if idp is not None and idp.casefold() != verified.idp_domain.casefold():
+        return AssertionCheck(
+            "mismatch",
+            f"the message asserts identity provider {idp!r}, the session's is "
+            f"{verified.idp_domain!r}",
+            names,
+        )
+    return AssertionCheck("match", f"asserted identity is {verified.user_id!r}", names)
+
+
+class _Malformed(Exception):
+    pass
+
+
+def _asserted(body: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    names: list[str] = []
+    idp: str | None = None
+    identity = body.get("identity")
+    if isinstance(identity, str):
+        if identity:
+            names.append(identity)
+    elif isinstance(identity, Mapping):
+        profile = identity.get("userProfile")
+        if profile is not None and not isinstance(profile, Mapping):
+            raise _Malformed("body.identity.userProfile is not an object")
+        for key in _PROFILE_IDENTIFIERS:
+            value = (profile or {}).get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise _Malformed(f"body.identity.userProfile.{key} is not a string")
+            if value:
+                names.append(value)
+        idp = _idp_domain(identity.get("idp"), "body.identity.idp")
+        if not names and isinstance(identity.get("assertion"), str):
+            names += _token_names(identity["assertion"], strict=False)
+    elif identity is not None:
+        raise _Malformed("body.identity is neither an object nor a user URL")
+    token = body.get("idToken")
+    if isinstance(token, str) and token:
+        names += _token_names(token, strict=True)
+    elif isinstance(token, Mapping):
+        nested, token_idp = _asserted({"identity": token})
+        names += nested
+        idp = idp or token_idp
+    elif token is not None and token != "":
+        raise _Malformed("body.idToken is neither a JWT nor an object")
+    return list(dict.fromkeys(names)), idp
+
+
+def _idp_domain(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, Mapping):
+        domain = value.get("domain")
+        if domain is None:
+            return None
+        if isinstance(domain, str):
+            return domain or None
+    raise _Malformed(f"{where} is neither a domain nor an object with a string 'domain'")
+
+
+def _token_names(token: str, *, strict: bool) -> list[str]:
+    """Who a JWT names: its e-mail (as e-mail and user URL) or its issuer's user URL for the
+    subject. ``strict``: a token that is not a JWT is malformed rather than ignored."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
+        if strict:
+            raise _Malformed("body.idToken is not a JWT") from None
+        return []
+    email = claims.get("email")
+    if isinstance(email, str) and "@" in email:
+        return [email, user_url_from_email(email)]
+    sub, iss = claims.get("sub"), claims.get("iss")
+    if isinstance(sub, str) and sub and isinstance(iss, str):
+        return [f"user://{urlsplit(iss).hostname or iss}/{sub}"]
+    if strict:
+        raise _Malformed("body.idToken names no subject")
+    return []

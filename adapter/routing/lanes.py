@@ -1,0 +1,242 @@
+"""Where a routed message leaves the node for Matrix: the lanes.
+
+A lane is a room the node's bot writes into, one event in flight at a time, batching whatever
+queued while the previous event was in flight; every runtime's messages go to one lane, chosen
+by its session key, so its order is the room's order. A few lanes let the homeserver persist
+several events at once. The moment the homeserver answers a send it has persisted the event:
+the senders' numbered messages are acknowledged, and the event's messages are handed to delivery
+in the order the lane sent them. docs/matrix-mapping.md explains the design and its numbers.
+
+Before a lane sends anything after a start it reads its room from its recovery position
+(routing/recovery.py): what the previous run sent but did not settle is delivered again, and the
+senders' marks tell resent messages from new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from appservice.intent import Intent
+
+from ..carrier import LaneEncoder, Routed
+from ..observability import NodeMetrics
+from ..sessions.session import Session
+from ..sessions.upstream import Pending, Upstream
+from .delivery import Delivery
+from .settlement import LaneLedger, Ticket
+from .stream import BatchStream, StreamLimits, Traffic
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One routed message waiting in an outbox."""
+
+    routed: Routed
+    session_id: int
+    # The sender's numbering state and this message's place in it, when its stub numbers
+    # messages: done (acknowledgeable) once the message is durable.
+    upstream: Upstream | None = None
+    pending: Pending | None = None
+    # Shared by the copies of a message going to several outboxes (this domain's lane and peer
+    # domains' links): how many of them are not persisted yet.
+    parts: list[int] | None = None
+    arrived: float = field(default_factory=time.monotonic)
+
+    def done(self) -> None:
+        if self.parts is not None:
+            self.parts[0] -= 1
+            if self.parts[0] > 0:
+                return
+        if self.upstream is not None and self.pending is not None:
+            self.upstream.done(self.pending)
+
+
+class Outbox(Protocol):
+    def has_room_for(self, size: int) -> bool: ...
+
+    async def wait_for_room(self, size: int, timeout: float) -> bool: ...
+
+    def push(self, item: Outgoing) -> None: ...
+
+
+class StreamOutbox:
+    """An outbox that is a batch stream into one room (a lane, a link to a peer domain)."""
+
+    stream: BatchStream[Outgoing]
+
+    def has_room_for(self, size: int) -> bool:
+        return self.stream.has_room_for(size)
+
+    async def wait_for_room(self, size: int, timeout: float) -> bool:
+        return await self.stream.wait_for_room(size, timeout)
+
+    def push(self, item: Outgoing) -> None:
+        self.stream.push(item)
+
+
+class Outboxes(Protocol):
+    """The outbound seam: where the ingress puts a session's routed messages, and the node
+    its own."""
+
+    def for_session(self, session: Session) -> Outbox: ...
+
+    def for_node(self) -> Outbox: ...
+
+
+# Provisions the lane's room: (the intent that writes, the room id); ``refresh`` after a refusal.
+LaneTarget = Callable[[int, bool], Awaitable[tuple[Intent, str]]]
+# Reads the lane's room after its recovery position, delivering what it finds; returns the
+# number of the last event the room holds (0 for an empty room).
+Recover = Callable[["Lane", str], Awaitable[int]]
+
+
+class Lane(StreamOutbox):
+    def __init__(
+        self,
+        index: int,
+        target: LaneTarget,
+        delivery: Delivery,
+        ledger_for: Callable[[str], LaneLedger],
+        metrics: NodeMetrics,
+        limits: StreamLimits,
+        traffic: Traffic,
+    ) -> None:
+        self.index = index
+        self._target = target
+        self._delivery = delivery
+        self._ledger_for = ledger_for
+        self._metrics = metrics
+        self.room_id: str | None = None
+        self.ready = asyncio.Event()
+        self._n = 0  # the lane's event number: consecutive in its room
+        self._deliveries: deque[tuple[list[Outgoing], Ticket, float]] = deque()
+        self._delivering: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.stream: BatchStream[Outgoing] = BatchStream(
+            f"lane-{index}",
+            LaneEncoder(),
+            self._header,
+            self._send_target,
+            metrics,
+            limits,
+            on_sent=self._on_sent,
+            traffic=traffic,
+            admit=self._admit,
+            ready=self.ready,
+        )
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def _header(self) -> dict[str, Any]:
+        self._n += 1
+        return {"lane": self.index, "n": self._n}
+
+    async def _send_target(self, refresh: bool) -> tuple[Intent, str]:
+        intent, room_id = await self._target(self.index, refresh)
+        self.room_id = room_id
+        return intent, room_id
+
+    def _admit(self, item: Outgoing) -> bool:
+        # A resend of something a previous run of the node already carried (its stub did not
+        # get the acknowledgement before the crash) is durable: acknowledge it, do not send.
+        if item.routed.oseq <= self._delivery.routed_through(item.routed.sender.origin):
+            self._metrics.duplicates.labels("lane").inc()
+            item.done()
+            return False
+        return True
+
+    def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
+        for item in batch:
+            item.done()
+        assert self.room_id is not None
+        ticket = self._ledger_for(self.room_id).open(event_id)
+        self._deliveries.append((batch, ticket, batch[0].arrived))
+        if self._delivering is None:
+            self._idle.clear()
+            self._delivering = asyncio.create_task(
+                self._deliver(), name=f"deliver:lane-{self.index}"
+            )
+
+    async def _deliver(self) -> None:
+        """Deliver events in the order they were sent, while the next one is being sent."""
+        try:
+            while self._deliveries:
+                batch, ticket, sent_at = self._deliveries.popleft()
+                try:
+                    await self._delivery.deliver([i.routed for i in batch], ticket, sent_at)
+                except Exception:
+                    # Settle what it holds: a crash would replay the event, a bug must not
+                    # hold the lane's position back for ever.
+                    ticket.sealed = True
+                    log.exception("delivery of a lane event failed", lane=self.index)
+        finally:
+            self._delivering = None
+            self._idle.set()
+
+    # -- start and stop -------------------------------------------------------------------------
+
+    async def start(self, recover: Recover) -> None:
+        """Find the room, deliver what a previous run left unsettled, then open for sending."""
+        delay = 0.25
+        while True:
+            try:
+                _intent, room_id = await self._send_target(False)
+                self._n = await recover(self, room_id)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
+                log.warning("lane not ready; retrying", lane=self.index, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self.ready.set()
+        log.info("lane ready", lane=self.index, room=self.room_id, last_event=self._n)
+
+    async def deliver_recovered(self, routed: list[Routed], event_id: str) -> None:
+        """Recovery hands over an event read from the room again."""
+        assert self.room_id is not None
+        await self._delivery.deliver(routed, self._ledger_for(self.room_id).open(event_id))
+
+    async def flush(self, timeout: float) -> bool:
+        sent = await self.stream.flush(timeout)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        return sent and self._idle.is_set()
+
+    async def close(self) -> int:
+        left = await self.stream.close()
+        if self._delivering is not None:
+            self._delivering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._delivering
+        return left
+
+
+class Lanes:
+    """The node's lanes, and which one carries a session."""
+
+    def __init__(self, lanes: list[Lane]) -> None:
+        self._lanes = lanes
+
+    def __iter__(self) -> Any:
+        return iter(self._lanes)
+
+    def for_session(self, session: Session) -> Lane:
+        # The key is random hex: its value spreads sessions evenly over the lanes, and it never
+        # changes, so a session's messages stay in one room, in order.
+        return self._lanes[int(session.key, 16) % len(self._lanes)]
+
+    def for_node(self) -> Lane:
+        return self._lanes[0]

@@ -1,0 +1,173 @@
+"""When a delivered lane event is safe to forget, and the checkpoints that record it.
+
+A lane event's messages are delivered as soon as the homeserver has persisted it. A delivery is
+*settled* once it cannot be lost with the node's memory: a stub acknowledged it, a plain stub's
+socket took it, or it is stored in the database. Each lane keeps its events in order with a
+``Ticket`` counting their unsettled deliveries; its recovery position (stored) is the last
+event before the first unsettled one. After a crash the node reads its lanes from those positions
+again (routing/recovery.py), so nothing a runtime had not confirmed is lost; what it had is
+recognised by its number and dropped (the stub dedupes).
+
+Every ``interval`` the checkpoint stores, in one transaction: what is kept for runtimes that
+are away, what live stubs have left unacknowledged for ``slow_ack`` seconds, deletions of stored
+rows stubs have since acknowledged, the lanes' positions, and the senders' marks as of those
+positions (the highest number of each origin in the settled events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import structlog
+
+from ..observability import NodeMetrics
+from ..sessions.mailbox import Entry, Mailbox
+from ..storage.checkpoints import CheckpointStore
+
+log = structlog.get_logger(__name__)
+
+
+class Ticket:
+    """One delivered lane event: how many of its deliveries are not settled yet."""
+
+    __slots__ = ("event_id", "marks", "pending", "sealed")
+
+    def __init__(self, event_id: str) -> None:
+        self.event_id: str | None = event_id
+        self.pending = 0
+        self.sealed = False  # all its messages have been handed to their mailboxes
+        self.marks: dict[str, int] = {}  # origin -> highest number in this event
+
+    def hold(self) -> None:
+        self.pending += 1
+
+    def release(self) -> None:
+        self.pending -= 1
+
+    @property
+    def settled(self) -> bool:
+        return self.sealed and self.pending <= 0
+
+
+class LaneLedger:
+    """A lane's delivered events, oldest first, until they are settled."""
+
+    def __init__(self, room_id: str) -> None:
+        self.room_id = room_id
+        self._open: deque[Ticket] = deque()
+
+    def open(self, event_id: str) -> Ticket:
+        ticket = Ticket(event_id)
+        self._open.append(ticket)
+        return ticket
+
+    def advance(self, marks: dict[str, int], changed: set[str]) -> str | None:
+        """Forget the settled events at the front; fold their marks into ``marks`` (adding the
+        origins whose mark moved to ``changed``). Returns the new position (the last of them),
+        None if it did not move."""
+        position = None
+        queue = self._open
+        while queue and queue[0].settled:
+            ticket = queue.popleft()
+            for origin, seq in ticket.marks.items():
+                if seq > marks.get(origin, 0):
+                    marks[origin] = seq
+                    changed.add(origin)
+            position = ticket.event_id
+        return position
+
+
+class Settlement:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        metrics: NodeMetrics,
+        interval: float = 0.25,
+        slow_ack: float = 0.5,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._interval = interval
+        self._slow_ack = slow_ack
+        self._mailboxes: set[Mailbox] = set()
+        self._ledgers: dict[str, LaneLedger] = {}
+        # Marks as of the lane positions: what a restarted node knows was routed.
+        self.settled_marks: dict[str, int] = {}
+        self._positions_due: dict[str, str] = {}
+        self._marks_due: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def restore(self, marks: dict[str, int]) -> None:
+        self.settled_marks = dict(marks)
+
+    def ledger(self, room_id: str) -> LaneLedger:
+        ledger = self._ledgers.get(room_id)
+        if ledger is None:
+            ledger = self._ledgers[room_id] = LaneLedger(room_id)
+        return ledger
+
+    def mailbox_dirty(self, mailbox: Mailbox) -> None:
+        """``mailbox`` has something to store, deletes to do, or deliveries in flight that are
+        stored if their acknowledgement is slow (called by the mailbox)."""
+        self._mailboxes.add(mailbox)
+
+    async def run(self) -> None:
+        """Checkpoint every ``interval`` while there is something to write."""
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.checkpoint()
+            except Exception:
+                log.exception("checkpoint failed")
+
+    async def checkpoint(self, final: bool = False) -> None:
+        """Write one checkpoint. ``final`` (at shutdown) stores everything not acknowledged."""
+        async with self._lock:
+            await self._checkpoint(final)
+
+    async def _checkpoint(self, final: bool) -> None:
+        for ledger in self._ledgers.values():
+            position = ledger.advance(self.settled_marks, self._marks_due)
+            if position is not None:
+                self._positions_due[ledger.room_id] = position
+        kept: list[tuple[Mailbox, list[Entry]]] = []
+        deletes: list[tuple[Mailbox, int]] = []
+        for mailbox in list(self._mailboxes):
+            entries = mailbox.take_unstored(None if final else self._slow_ack)
+            if entries:
+                kept.append((mailbox, entries))
+            if mailbox.delete_through:
+                deletes.append((mailbox, mailbox.delete_through))
+            if not mailbox.dirty:
+                self._mailboxes.discard(mailbox)
+        if not (kept or deletes or self._positions_due or self._marks_due):
+            return
+        positions = dict(self._positions_due)
+        marks = {origin: self.settled_marks[origin] for origin in self._marks_due}
+        try:
+            await self._store.commit(
+                [(m.session_id, entries) for m, entries in kept],
+                [(m.session_id, through) for m, through in deletes],
+                positions,
+                marks,
+            )
+        except BaseException:
+            self._metrics.checkpoints.labels("failed").inc()
+            for mailbox, entries in kept:
+                mailbox.not_stored(entries)
+            raise
+        self._metrics.checkpoints.labels("written").inc()
+        for mailbox, entries in kept:
+            mailbox.stored(entries)
+            self._metrics.kept_deliveries.inc(len(entries))
+        for mailbox, through in deletes:
+            mailbox.deleted(through)
+        for room, event in positions.items():
+            if self._positions_due.get(room) == event:
+                del self._positions_due[room]
+        self._marks_due.difference_update(marks)
+
+    def awaiting_acknowledgements(self) -> bool:
+        """Whether a live stub has deliveries it has not acknowledged yet."""
+        return any(mailbox.in_flight for mailbox in self._mailboxes)

@@ -1,0 +1,267 @@
+"""Who receives a message: the in-memory routing table.
+
+Built from the database at start and kept in step by the services that change it (allocation,
+subscription manager, sessions), so deciding a destination never waits for the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Destinations:
+    sessions: frozenset[int]
+    # Whether anything at all is known about the addresses (an allocated object with no
+    # subscribers is known: a publication to it reaches nobody without being an error).
+    known: bool
+    # The sessions among them the message is addressed to directly (not as subscribers).
+    owners: frozenset[int] = frozenset()
+    # Other reTHINK domains subscribed to one of the addresses (their nodes fan it out).
+    domains: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    addresses: int
+    subscriptions: int
+    learned: int
+
+
+class RoutingTable:
+    def __init__(self) -> None:
+        self._owner: dict[str, int] = {}  # allocated address -> session
+        self._keys: dict[tuple[int, str], set[str]] = {}  # (session, allocationKey) -> block
+        self._key_of: dict[str, tuple[int, str]] = {}  # address -> its block, when keyed
+        self._subscribers: dict[str, set[int]] = {}  # address -> subscribed sessions
+        self._learned: dict[str, int] = {}  # `from` seen on a session's connection -> session
+        self._runtimes: dict[str, int] = {}  # runtimeURL -> session
+        self._remote: dict[str, set[str]] = {}  # address -> other domains subscribed to it
+        self._by_session: dict[int, _SessionEntries] = {}
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def owner(self, address: str) -> int | None:
+        """The session an address belongs to: allocated, learned, a runtime URL, or — for a child
+        path such as ``<object>/subscription`` — the nearest allocated or runtime parent."""
+        exact = self._owner.get(address)
+        if exact is None:
+            exact = self._learned.get(address)
+        if exact is None:
+            exact = self._runtimes.get(address)
+        if exact is not None:
+            return exact
+        return self._parent_owner(address)
+
+    def _parent_owner(self, address: str) -> int | None:
+        scheme_end = address.find("://")
+        floor = scheme_end + 3 if scheme_end >= 0 else 0
+        cut = address.rfind("/")
+        while cut > floor:
+            parent = address[:cut]
+            found = self._owner.get(parent)
+            if found is None:
+                found = self._runtimes.get(parent)
+            if found is not None:
+                return found
+            cut = address.rfind("/", 0, cut)
+        return None
+
+    def destinations(self, addresses: Iterable[str], sender: int | None) -> Destinations:
+        """Every session a message to ``addresses`` goes to.
+
+        Subscribers of an exact address all get it; so does the address's owner. The sender gets
+        its own message back only if it subscribed to the address or owns it exactly."""
+        found: set[int] = set()
+        owners: set[int] = set()
+        known = False
+        for address in addresses:
+            subscribers = self._subscribers.get(address)
+            if subscribers:
+                found.update(subscribers)
+                known = True
+            exact = self._owner.get(address)
+            if exact is None:
+                exact = self._learned.get(address)
+            if exact is not None:
+                owners.add(exact)
+                known = True
+                continue
+            parent = self._runtimes.get(address)
+            if parent is None:
+                parent = self._parent_owner(address)
+            if parent is not None:
+                known = True
+                if parent != sender or (subscribers and sender in subscribers):
+                    owners.add(parent)
+        found.update(owners)
+        domains: set[str] = set()
+        if self._remote:
+            for address in addresses:
+                remote = self._remote.get(address)
+                if remote:
+                    domains.update(remote)
+                    known = True
+        return Destinations(frozenset(found), known, frozenset(owners), frozenset(domains))
+
+    def allocated_owner(self, address: str) -> int | None:
+        """The session an address is allocated to (itself or a parent), ignoring learned routes:
+        what the policy engine checks a sender against."""
+        exact = self._owner.get(address)
+        if exact is None:
+            exact = self._runtimes.get(address)
+        return exact if exact is not None else self._parent_owner(address)
+
+    def allocated_to(self, session_id: int, address: str) -> bool:
+        return self._owner.get(address) == session_id
+
+    def block(self, session_id: int, key: str) -> set[str]:
+        return set(self._keys.get((session_id, key), ()))
+
+    def subscriptions_of(self, session_id: int) -> set[str]:
+        entry = self._by_session.get(session_id)
+        return set(entry.subscriptions) if entry else set()
+
+    def subscriber_count(self, address: str) -> int:
+        return len(self._subscribers.get(address, ()))
+
+    def holdings(self, session_id: int) -> Holdings:
+        """How much of the table a session holds (what its quotas limit)."""
+        entry = self._by_session.get(session_id)
+        if entry is None:
+            return Holdings(0, 0, 0)
+        return Holdings(len(entry.allocations), len(entry.subscriptions), len(entry.learned))
+
+    def belongs_to(self, session_id: int, address: str) -> bool:
+        """Whether ``address`` is the session's: allocated to it (itself or a parent), or
+        learned from its connection."""
+        if self._learned.get(address) == session_id:
+            return True
+        return self.allocated_owner(address) == session_id
+
+    # -- changing -----------------------------------------------------------------------------
+
+    def add_runtime(self, session_id: int, runtime_url: str) -> None:
+        self._runtimes[runtime_url] = session_id
+        self._entry(session_id).runtime_url = runtime_url
+
+    def add_allocations(self, session_id: int, addresses: Iterable[str], key: str | None) -> None:
+        entry = self._entry(session_id)
+        for address in addresses:
+            self._owner[address] = session_id
+            entry.allocations.add(address)
+            if key is not None:
+                self._keys.setdefault((session_id, key), set()).add(address)
+                self._key_of[address] = (session_id, key)
+                entry.keys.add(key)
+
+    def remove_allocations(self, session_id: int, addresses: Iterable[str]) -> list[str]:
+        """Remove the given addresses where they belong to this session; returns those removed."""
+        entry = self._by_session.get(session_id)
+        removed = []
+        for address in addresses:
+            if self._owner.get(address) == session_id:
+                del self._owner[address]
+                removed.append(address)
+                if entry is not None:
+                    entry.allocations.discard(address)
+        for address in removed:
+            block_key = self._key_of.pop(address, None)
+            if block_key is None:
+                continue
+            block = self._keys.get(block_key)
+            if block is not None:
+                block.discard(address)
+                if not block:
+                    del self._keys[block_key]
+                    if entry is not None:
+                        entry.keys.discard(block_key[1])
+        return removed
+
+    def subscribe(self, session_id: int, addresses: Iterable[str]) -> None:
+        entry = self._entry(session_id)
+        for address in addresses:
+            self._subscribers.setdefault(address, set()).add(session_id)
+            entry.subscriptions.add(address)
+
+    def unsubscribe(self, session_id: int, addresses: Iterable[str]) -> None:
+        entry = self._by_session.get(session_id)
+        for address in addresses:
+            subscribers = self._subscribers.get(address)
+            if subscribers is not None:
+                subscribers.discard(session_id)
+                if not subscribers:
+                    del self._subscribers[address]
+            if entry is not None:
+                entry.subscriptions.discard(address)
+
+    def subscribe_domain(self, domain: str, addresses: Iterable[str]) -> None:
+        """Another domain's node subscribed (for its runtimes) to ``addresses``."""
+        for address in addresses:
+            self._remote.setdefault(address, set()).add(domain)
+
+    def unsubscribe_domain(self, domain: str, addresses: Iterable[str]) -> None:
+        for address in addresses:
+            remote = self._remote.get(address)
+            if remote is not None:
+                remote.discard(domain)
+                if not remote:
+                    del self._remote[address]
+
+    def has_subscribers(self, address: str) -> bool:
+        """Whether any local session subscribes to ``address``."""
+        return bool(self._subscribers.get(address))
+
+    def learn(self, session_id: int, address: str) -> bool:
+        """Remember that ``address`` speaks through this session. Returns True when that is new
+        (the caller persists it). Allocated addresses are never re-learned: ownership wins."""
+        if address in self._owner or self._learned.get(address) == session_id:
+            return False
+        previous = self._learned.get(address)
+        if previous is not None and previous in self._by_session:
+            self._by_session[previous].learned.discard(address)
+        self._learned[address] = session_id
+        self._entry(session_id).learned.add(address)
+        return True
+
+    def remove_session(self, session_id: int) -> None:
+        entry = self._by_session.pop(session_id, None)
+        if entry is None:
+            return
+        for address in entry.allocations:
+            if self._owner.get(address) == session_id:
+                del self._owner[address]
+                self._key_of.pop(address, None)
+        for key in entry.keys:
+            self._keys.pop((session_id, key), None)
+        for address in entry.subscriptions:
+            subscribers = self._subscribers.get(address)
+            if subscribers is not None:
+                subscribers.discard(session_id)
+                if not subscribers:
+                    del self._subscribers[address]
+        for address in entry.learned:
+            if self._learned.get(address) == session_id:
+                del self._learned[address]
+        if entry.runtime_url is not None and self._runtimes.get(entry.runtime_url) == session_id:
+            del self._runtimes[entry.runtime_url]
+
+    def _entry(self, session_id: int) -> _SessionEntries:
+        entry = self._by_session.get(session_id)
+        if entry is None:
+            entry = self._by_session[session_id] = _SessionEntries()
+        return entry
+
+
+class _SessionEntries:
+    """What one session contributed to the table, so releasing it is exact."""
+
+    __slots__ = ("allocations", "keys", "learned", "runtime_url", "subscriptions")
+
+    def __init__(self) -> None:
+        self.allocations: set[str] = set()
+        self.keys: set[str] = set()
+        self.subscriptions: set[str] = set()
+        self.learned: set[str] = set()
+        self.runtime_url: str | None = None

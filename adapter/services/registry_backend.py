@@ -1,0 +1,261 @@
+"""The built-in domain registry: dev-registry-domain's REST resources answered from the node's
+database, in process.
+
+``call`` takes the same ``RestCall`` the relay sends over HTTP and returns the ``RestAnswer``
+dev-registry-domain would give, so composing it with ``domain_call``/``domain_reply`` answers
+reTHINK messages exactly as the relay does with an external registry, and the HTTP API
+(``registry_rest``) serves the same resources. Status changes are published once committed.
+
+Sources (reTHINK-project/dev-registry-domain, server/src/main/java/domainregistry/):
+HypertyController.java (routes, codes, answers), HypertyService.java and DataObjectService.java
+(404 / 408 rules, create-or-replace, keep-alive), RamClient.java (delete marks disconnected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import orjson
+import structlog
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..storage.registry_models import DISCONNECTED, EntryKind
+from ..storage.registry_store import Registered, RegistryStore, StatusChange, Written
+from .registry_fields import (
+    FILTERS,
+    InvalidRecord,
+    Lifetimes,
+    creation,
+    data_object_json,
+    hyperty_json,
+    matches,
+    update,
+    user_email,
+    valid_key,
+)
+from .registry_http import RestAnswer, RestCall
+
+log = structlog.get_logger(__name__)
+
+NOT_FOUND: Final = "Not Found"
+StatusCallback = Callable[[str, str], Awaitable[None]]
+Filters = Mapping[str, tuple[str, ...]]
+
+
+class RegistryBackend(Protocol):
+    """A domain registry answering dev-registry-domain's REST resources. ``runtime`` is the
+    runtime a write comes from, when known (the MN's requester)."""
+
+    async def call(self, call: RestCall, *, runtime: str | None = None) -> RestAnswer: ...
+
+
+class StatusNotifier:
+    """Hands each status change to the node's callback, in order; a failing callback is logged
+    and costs that notification only."""
+
+    def __init__(self, callback: StatusCallback | None) -> None:
+        self._callback = callback
+
+    async def publish(self, changes: Sequence[StatusChange]) -> None:
+        if self._callback is None:
+            return
+        for change in changes:
+            try:
+                await self._callback(change.url, change.status)
+            except Exception:  # a notification must not undo a committed registration
+                log.exception("registry_status_notification_failed", url=change.url)
+
+
+class _Answer(Exception):
+    """Ends a request early with ``status`` and a ``{"message": ...}`` body."""
+
+    def __init__(self, status: int, message: str = NOT_FOUND) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _answer(status: int, value: Any) -> RestAnswer:
+    return RestAnswer(status, orjson.dumps(value))
+
+
+def _message(status: int, message: str) -> RestAnswer:
+    return _answer(status, {"message": message})
+
+
+class BuiltinRegistryBackend:
+    def __init__(
+        self, store: RegistryStore, notifier: StatusNotifier, lifetimes: Lifetimes
+    ) -> None:
+        self._store = store
+        self._notifier = notifier
+        self._lifetimes = lifetimes
+
+    async def call(self, call: RestCall, *, runtime: str | None = None) -> RestAnswer:
+        """Never raises: bad requests are 400, unknown resources 404, storage failures 503."""
+        try:
+            return await self._route(call, runtime)
+        except _Answer as early:
+            return _message(early.status, early.message)
+        except InvalidRecord as bad:
+            return _message(400, bad.desc)
+        except SQLAlchemyError:
+            log.exception("registry_storage_failed", method=call.method, path=call.path_qs())
+            return _message(503, "the registry's storage is unavailable")
+        except Exception:  # a bug must cost one answer, not the caller
+            log.exception("registry_failed", method=call.method, path=call.path_qs())
+            return _message(500, "Internal Server Error")
+
+    async def _route(self, call: RestCall, runtime: str | None) -> RestAnswer:
+        query = dict(call.query)
+        match call.method, call.segments:
+            case "GET", ("hyperty", ("user" | "email" | "guid") as by, key):
+                return await self._hyperties(_HYPERTY_KEYS[by], key, None)
+            case "GET", ("hyperty", ("user" | "email") as by, key, "hyperty"):
+                return await self._hyperties(_HYPERTY_KEYS[by], key, _filters(query))
+            case "GET", ("hyperty", "url", url):
+                return await self._hyperty(url)
+            case "PUT", ("hyperty", "user", user, url):
+                return await self._register_hyperty(user, url, _body(call), runtime)
+            case "PUT", ("hyperty", "url", url):
+                return await self._refresh(EntryKind.HYPERTY, url, _body(call), "Hyperty updated")
+            case "DELETE", ("hyperty", "user", user, url):
+                written = await self._store.unregister(EntryKind.HYPERTY, url, user)
+                return await self._written(written, "Hyperty deleted")
+            case "PUT", ("hyperty", "dataobject", url):
+                return await self._register_object(url, _body(call), runtime)
+            case "PUT", ("dataobject", "url", url):
+                return await self._refresh(
+                    EntryKind.DATA_OBJECT, url, _body(call), "data object updated"
+                )
+            case "GET", ("hyperty", "dataobject", "url", url):
+                return await self._object(url)
+            case "GET", ("hyperty", "dataobject", ("url" | "name" | "reporter") as by, key, "do"):
+                return await self._objects(by, key, _filters(query))
+            case "GET", ("hyperty", "dataobject", ("name" | "reporter") as by, key):
+                return await self._objects(by, key, None)
+            case "DELETE", ("hyperty", "dataobject", "url", url):
+                # The user manual documents this route; the latest HypertyController has it
+                # commented out (404), which leaves runtimes no way to unregister an object.
+                written = await self._store.unregister(EntryKind.DATA_OBJECT, url)
+                return await self._written(written, "Data object deleted")
+        raise _Answer(404)
+
+    # -- hyperties ----------------------------------------------------------------------------
+
+    async def _hyperties(self, by: str, key: str, filters: Filters | None) -> RestAnswer:
+        found = await self._store.find(EntryKind.HYPERTY, by, key)
+        if filters is not None:
+            found = [entry for entry in found if matches(entry, filters)]
+        if not found:
+            raise _Answer(404)
+        # 408 when every match is disconnected: the caller learns they exist but cannot be
+        # reached now (the entries still come with it).
+        status = 408 if all(entry.status == DISCONNECTED for entry in found) else 200
+        return _answer(status, {entry.url: hyperty_json(entry) for entry in found})
+
+    async def _hyperty(self, url: str) -> RestAnswer:
+        found = await self._store.find(EntryKind.HYPERTY, "url", url)
+        if not found:
+            raise _Answer(404)
+        entry = found[0]
+        return _answer(408 if entry.status == DISCONNECTED else 200, hyperty_json(entry))
+
+    async def _register_hyperty(
+        self, user: str, url: str, body: Any, runtime: str | None
+    ) -> RestAnswer:
+        values = creation(EntryKind.HYPERTY, body, self._lifetimes, runtime)
+        outcome, changes = await self._store.register(
+            EntryKind.HYPERTY,
+            valid_key("the hyperty URL", url),
+            values,
+            owner=_owner(runtime, values),
+            user_url=valid_key("the user", user),
+            email=user_email(user),
+        )
+        await self._notifier.publish(changes)
+        if outcome is Registered.OTHER_USER:
+            raise _Answer(404)
+        return _message(200, "Hyperty created")
+
+    # -- data objects -------------------------------------------------------------------------
+
+    async def _object(self, url: str) -> RestAnswer:
+        found = await self._store.find(EntryKind.DATA_OBJECT, "url", url)
+        if not found:
+            raise _Answer(404)
+        # Data-object lookups answer 200 whatever the status (DataObjectService has no 408);
+        # the entry's status says whether it is disconnected.
+        return _answer(200, data_object_json(found[0]))
+
+    async def _objects(self, by: str, key: str, filters: Filters | None) -> RestAnswer:
+        found = await self._store.find(EntryKind.DATA_OBJECT, by, key)
+        if filters is not None:
+            found = [entry for entry in found if matches(entry, filters)]
+        if not found:
+            raise _Answer(404)
+        return _answer(200, {entry.url: data_object_json(entry) for entry in found})
+
+    async def _register_object(self, url: str, body: Any, runtime: str | None) -> RestAnswer:
+        values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, runtime)
+        _, changes = await self._store.register(
+            EntryKind.DATA_OBJECT,
+            valid_key("the data object URL", url),
+            values,
+            owner=_owner(runtime, values),
+        )
+        await self._notifier.publish(changes)
+        return _message(200, "Data object created")
+
+    # -- both ---------------------------------------------------------------------------------
+
+    async def _refresh(self, kind: EntryKind, url: str, body: Any, updated: str) -> RestAnswer:
+        """``{}`` is the keep-alive; anything else updates the fields it names."""
+        if body == {}:
+            written = await self._store.keep_alive(kind, url)
+            message = "Keep alive"
+        else:
+            written = await self._store.update(kind, url, update(kind, body, self._lifetimes))
+            message = updated
+        await self._notifier.publish(written.changes)
+        if not written.found:
+            raise _Answer(404)
+        if kind is EntryKind.DATA_OBJECT:
+            return _message(200, message)
+        # The reference's hyperty answers carry statusChanged, as a string.
+        changed = str(written.status_changed).lower()
+        return _answer(200, {"statusChanged": changed, "message": message})
+
+    async def _written(self, written: Written, message: str) -> RestAnswer:
+        await self._notifier.publish(written.changes)
+        if not written.found:
+            raise _Answer(404)
+        return _message(200, message)
+
+
+def _owner(runtime: str | None, values: Mapping[str, Any]) -> str:
+    """Whose presence the entry follows: the runtime that sent the registration through the
+    MN, else the one it names."""
+    return valid_key("the requesting runtime", runtime) if runtime else str(values["runtime"])
+
+
+_HYPERTY_KEYS: Final = {"user": "user_url", "email": "email", "guid": "guid"}
+
+
+def _filters(query: Mapping[str, tuple[str, ...]]) -> Filters:
+    """The advanced search's query: ``resources`` and/or ``dataSchemes``, nothing else; the
+    reference answers 404 otherwise."""
+    if not query or not set(query) <= set(FILTERS):
+        raise _Answer(404)
+    return query
+
+
+def _body(call: RestCall) -> Any:
+    # Parsed as JSON whatever its declared type, as the reference does.
+    if not call.body:
+        raise InvalidRecord("missing request body")
+    try:
+        return orjson.loads(call.body)
+    except orjson.JSONDecodeError:
+        raise InvalidRecord("the request body is not valid JSON") from None

@@ -1,0 +1,97 @@
+"""What changes a registration's status besides requests: its runtime's presence, and time.
+
+``RegistryPresence`` is called by the node from the session lifecycle; ``RegistryExpiry`` is a
+periodic task. Both publish every status change they make through the same notifier as the
+registry's requests. Neither raises into its caller: the registry is secondary to the sessions
+and the event loop they share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from ..storage.registry_store import RegistryStore, StatusChange
+from .registry_backend import StatusNotifier
+
+log = structlog.get_logger(__name__)
+
+
+class RegistryPresence:
+    """Registrations follow the runtime that made them (``Entry.owner``)."""
+
+    def __init__(self, store: RegistryStore, notifier: StatusNotifier) -> None:
+        self._store = store
+        self._notifier = notifier
+
+    async def runtime_detached(self, runtime_url: str) -> None:
+        """The runtime's connection dropped without ``disconnect``: its registrations become
+        disconnected (removed once the grace period is over, unless it resumes)."""
+        await self._apply("detached", runtime_url, self._store.detach)
+
+    async def runtime_resumed(self, runtime_url: str) -> None:
+        """The runtime resumed its session: what its detachment disconnected is live again."""
+        await self._apply("resumed", runtime_url, self._store.resume)
+
+    async def runtime_released(self, runtime_url: str) -> None:
+        """The runtime's session ended (``disconnect`` or expiry): its registrations become
+        disconnected for good."""
+        await self._apply("released", runtime_url, self._store.release)
+
+    async def _apply(
+        self,
+        event: str,
+        runtime_url: str,
+        operation: Callable[[str], Awaitable[list[StatusChange]]],
+    ) -> None:
+        try:
+            changes = await operation(runtime_url)
+        except Exception:  # logged; the session goes on regardless
+            log.exception("registry_presence_failed", runtime=runtime_url, change=event)
+            return
+        if changes:
+            log.info("registry_presence", runtime=runtime_url, change=event, entries=len(changes))
+        await self._notifier.publish(changes)
+
+
+class RegistryExpiry:
+    """Every ``interval_seconds``: registrations past their lifetime become disconnected, and
+    those disconnected for longer than the grace period are removed."""
+
+    def __init__(
+        self, store: RegistryStore, notifier: StatusNotifier, interval_seconds: float
+    ) -> None:
+        self._store = store
+        self._notifier = notifier
+        self._interval = interval_seconds
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="registry-expiry")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def sweep_once(self) -> tuple[int, int]:
+        """One round; returns (entries disconnected, entries removed)."""
+        changes, removed = await self._store.sweep()
+        await self._notifier.publish(changes)
+        if changes or removed:
+            log.info("registry_expiry", disconnected=len(changes), removed=removed)
+        return len(changes), removed
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self.sweep_once()
+            except Exception:  # the next round tries again
+                log.exception("registry_expiry_failed")

@@ -1,0 +1,321 @@
+"""The sessions the node knows, and their life.
+
+A session outlives its connection. Closing the socket without `disconnect` only detaches it: its
+allocations and subscriptions stay, and what is routed to it is kept and delivered, in order,
+when the same runtimeURL connects again. `disconnect`, or a detachment longer than the session
+lifetime, releases it and everything it owned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any, Protocol
+
+import structlog
+
+from ..identity.model import Identity
+from ..storage.clock import utcnow
+from ..storage.models import SessionState
+from .link import CLOSE_REPLACED, Link
+from .mailbox import DeliveryStore, Mailbox
+from .session import AckHello, Attachment, Session
+from .tokens import SessionTokens, TokenRejected
+from .upstream import Upstream
+
+log = structlog.get_logger(__name__)
+
+
+class SessionRefused(Exception):
+    """A connection may not have this runtime's session (answer 401)."""
+
+    code = 401
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SessionRows(Protocol):
+    """The sessions table (storage/sessions.py)."""
+
+    async def create(
+        self, runtime_url: str, user_id: str, key: str, protected: bool, identity: str | None
+    ) -> int: ...
+
+    async def set_state(
+        self, session_id: int, state: SessionState, protect: bool = False
+    ) -> None: ...
+
+    async def delete(self, session_id: int) -> None: ...
+
+    async def detach_all(self) -> None: ...
+
+    async def all(self) -> list[Any]: ...
+
+
+class Gauge(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
+@dataclass
+class Lifecycle:
+    """Who else must know when a session appears, goes away, or its runtime comes and goes
+    (the routing table, the policy engine, the registry's presence)."""
+
+    added: list[Callable[[Session], None]] = field(default_factory=list)
+    released: list[Callable[[Session], None]] = field(default_factory=list)
+    detached: list[Callable[[Session], None]] = field(default_factory=list)
+    attached: list[Callable[[Session], None]] = field(default_factory=list)
+
+    @staticmethod
+    def _tell(listeners: list[Callable[[Session], None]], session: Session) -> None:
+        for listener in listeners:
+            try:
+                listener(session)
+            except Exception:
+                log.exception("session listener failed", runtime=session.runtime_url)
+
+
+class SessionRegistry:
+    def __init__(
+        self,
+        rows: SessionRows,
+        deliveries: DeliveryStore,
+        tokens: SessionTokens,
+        virtual_user: Callable[[str], str],
+        connections: Gauge,
+        ttl_seconds: int,
+        lifecycle: Lifecycle,
+        on_mailbox_dirty: Callable[[Mailbox], None],
+        on_upstream_progress: Callable[[Session], None],
+    ) -> None:
+        self._rows = rows
+        self._deliveries = deliveries
+        self._tokens = tokens
+        self._virtual_user = virtual_user
+        self._connections = connections
+        self._ttl = ttl_seconds
+        self._lifecycle = lifecycle
+        self._on_mailbox_dirty = on_mailbox_dirty
+        self._on_upstream_progress = on_upstream_progress
+        self._epoch = 0
+        self._by_id: dict[int, Session] = {}
+        self._by_runtime: dict[str, Session] = {}
+        self._by_key: dict[str, Session] = {}
+        self._attach_locks: dict[str, asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def get(self, session_id: int) -> Session | None:
+        return self._by_id.get(session_id)
+
+    def by_runtime(self, runtime_url: str) -> Session | None:
+        return self._by_runtime.get(runtime_url)
+
+    def by_origin(self, origin: str) -> Session | None:
+        """The session whose messages are numbered in ``origin`` (``<key>.<numbering>``)."""
+        return self._by_key.get(origin.split(".", 1)[0])
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_id.values()))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def load(self, epoch: int, stored: dict[int, tuple[int, int]]) -> None:
+        """Sessions from the database, all detached: after a restart nobody is connected.
+        ``epoch`` counts the node's starts; ``stored`` is each session's highest kept delivery
+        number in the database and the bytes kept there."""
+        self._epoch = epoch
+        await self._rows.detach_all()
+        now = utcnow()
+        for row in await self._rows.all():
+            session = self._new_session(
+                row.id, row.key, row.runtime_url, row.user_id, *stored.get(row.id, (0, 0))
+            )
+            session.protected = row.protected
+            if row.identity is not None:
+                session.identity = Identity.from_record(row.identity)
+            last_seen = row.last_seen if row.last_seen.tzinfo else row.last_seen.replace(tzinfo=UTC)
+            # The session's lifetime keeps counting from when it was last seen, across restarts.
+            session.detached_at = time.monotonic() - max((now - last_seen).total_seconds(), 0)
+            self._add(session)
+
+    def _new_session(
+        self,
+        session_id: int,
+        key: str,
+        runtime_url: str,
+        user_id: str,
+        stored_through: int = 0,
+        stored_bytes: int = 0,
+    ) -> Session:
+        mailbox = Mailbox(
+            session_id, self._epoch, self._on_mailbox_dirty, stored_through, stored_bytes
+        )
+        return Session(session_id, key, runtime_url, user_id, mailbox, self._epoch)
+
+    def _add(self, session: Session) -> None:
+        self._by_id[session.id] = session
+        self._by_runtime[session.runtime_url] = session
+        self._by_key[session.key] = session
+        Lifecycle._tell(self._lifecycle.added, session)
+
+    def token_for(self, session: Session) -> str:
+        return self._tokens.issue(session.id, session.runtime_url)
+
+    def check_token(self, runtime_url: str, token: str) -> None:
+        """Raise TokenRejected unless ``token`` names the live session of ``runtime_url``."""
+        claim = self._tokens.verify(token, runtime_url)
+        current = self._by_runtime.get(runtime_url)
+        if current is None or current.id != claim.session_id:
+            raise TokenRejected("session token names a session that no longer exists")
+
+    async def attach(
+        self,
+        runtime_url: str,
+        link: Link,
+        token: str | None,
+        hello: AckHello | None,
+        identity: Identity | None = None,
+        protect: bool = False,
+    ) -> Attachment:
+        """Bind a new connection to the runtime's session (created if none). A live older
+        connection is replaced (closed with 4409). Deliveries wait until ``resume``.
+
+        ``protect``: the connection will be handed a session token, so from now on only a
+        connection presenting it (or proving the same identity) gets the session. Raises
+        TokenRejected or SessionRefused (401) and leaves the live connection alone."""
+        lock = self._attach_locks.setdefault(runtime_url, asyncio.Lock())
+        async with lock:
+            if token is not None:
+                self.check_token(runtime_url, token)
+            session = self._by_runtime.get(runtime_url)
+            resumed = session is not None
+            if session is None:
+                user_id = self._virtual_user(runtime_url)
+                key = secrets.token_hex(8)
+                record = identity.to_record() if identity is not None else None
+                session_id = await self._rows.create(runtime_url, user_id, key, protect, record)
+                session = self._new_session(session_id, key, runtime_url, user_id)
+                session.identity = identity
+                session.protected = protect
+                self._add(session)
+            else:
+                if token is None:
+                    self._admit_without_token(session, identity)
+                await self._rows.set_state(
+                    session.id, SessionState.CONNECTED, protect and not session.protected
+                )
+                session.protected = session.protected or protect
+            previous = session.attachment
+            upstream: Upstream | None = None
+            if hello is not None:
+                owner = session
+                upstream = session.upstream_for(
+                    hello.stub, lambda _up: self._on_upstream_progress(owner)
+                )
+            attachment = Attachment(session, link, upstream, resumed)
+            session.attachment = attachment
+            session.detached_at = None
+            session.mailbox.attach(link, acking=hello is not None)
+            self._connections.inc()
+            if previous is not None:
+                self._connections.dec()
+                log.info("connection replaced", runtime=runtime_url, old_peer=previous.link.peer)
+                self._spawn(previous.link.close(CLOSE_REPLACED, "replaced by a newer connection"))
+            Lifecycle._tell(self._lifecycle.attached, session)
+        if not lock.locked():
+            self._attach_locks.pop(runtime_url, None)
+        return attachment
+
+    def admit(self, runtime_url: str, token: str | None, identity: Identity | None) -> None:
+        """Raise TokenRejected or SessionRefused unless a connection with ``token`` and
+        ``identity`` may have the runtime's session (checked again by ``attach``)."""
+        if token is not None:
+            self.check_token(runtime_url, token)
+            return
+        session = self._by_runtime.get(runtime_url)
+        if session is not None:
+            self._admit_without_token(session, identity)
+
+    @staticmethod
+    def _admit_without_token(session: Session, identity: Identity | None) -> None:
+        """Whether a connection presenting no session token may have ``session``."""
+        proved = session.identity
+        if proved is not None and proved.authenticated:
+            if identity is None or identity.user_id != proved.user_id:
+                raise SessionRefused(
+                    "this runtime's session belongs to another identity: present its session "
+                    "token or that identity's credential"
+                )
+            return
+        if session.protected:
+            raise SessionRefused("this runtime's session is protected: present its session token")
+
+    def resume(self, attachment: Attachment, received: int) -> None:
+        """Replay what was kept for the runtime, then go live (in the background: the
+        connection's frames are read meanwhile)."""
+        self._spawn(self._resume(attachment, received))
+
+    async def _resume(self, attachment: Attachment, received: int) -> None:
+        try:
+            await attachment.session.mailbox.resume(self._deliveries, received)
+        except Exception:
+            log.exception("resume failed", runtime=attachment.session.runtime_url)
+            await attachment.link.close(1011, "resume failed")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def detach(self, attachment: Attachment) -> None:
+        """The socket closed without `disconnect`: keep the session for a resume."""
+        session = attachment.session
+        if not attachment.current:
+            return
+        session.attachment = None
+        session.detached_at = time.monotonic()
+        session.mailbox.detach(attachment.link)
+        self._connections.dec()
+        Lifecycle._tell(self._lifecycle.detached, session)
+        await self._rows.set_state(session.id, SessionState.DETACHED)
+
+    async def release(self, session: Session) -> None:
+        """`disconnect`, or expiry: forget the session and everything it owned."""
+        if session.released:
+            return
+        session.released = True
+        if session.attachment is not None:
+            session.attachment = None
+            self._connections.dec()
+        session.mailbox.discard()
+        self._by_id.pop(session.id, None)
+        self._by_runtime.pop(session.runtime_url, None)
+        self._by_key.pop(session.key, None)
+        Lifecycle._tell(self._lifecycle.released, session)
+        await self._rows.delete(session.id)
+
+    async def expire(self) -> int:
+        """Release sessions detached for longer than the configured lifetime."""
+        cutoff = time.monotonic() - self._ttl
+        stale = [
+            s
+            for s in self._by_id.values()
+            if s.attachment is None and s.detached_at is not None and s.detached_at < cutoff
+        ]
+        for session in stale:
+            log.info("session expired", runtime=session.runtime_url)
+            await self.release(session)
+        return len(stale)

@@ -1,0 +1,113 @@
+"""One runtime session and the connection attached to it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..carrier import Sender
+from ..identity.model import Identity
+from .link import Link
+from .mailbox import EPOCH_SHIFT, Mailbox
+from .upstream import Upstream
+
+# The origin suffix of messages the node numbers itself (from a stub that does not number them).
+NODE_NUMBERED = "n"
+
+
+@dataclass(frozen=True, slots=True)
+class AckHello:
+    """What a stub speaking the acknowledged protocol says when it connects."""
+
+    stub: str  # the stub instance: its numbering of messages starts again with a new one
+    received: int  # the highest delivery number it has
+
+
+class Session:
+    __slots__ = (
+        "_node_numbered",
+        "_senders",
+        "attachment",
+        "detached_at",
+        "id",
+        "identity",
+        "key",
+        "mailbox",
+        "protected",
+        "released",
+        "runtime_url",
+        "upstream",
+        "user_id",
+    )
+
+    def __init__(
+        self,
+        session_id: int,
+        key: str,
+        runtime_url: str,
+        user_id: str,
+        mailbox: Mailbox,
+        epoch: int,
+        identity: Identity | None = None,
+        protected: bool = False,
+    ) -> None:
+        self.id = session_id
+        # Random, kept with the session: the stem of the origins its messages are numbered in.
+        self.key = key
+        self.runtime_url = runtime_url
+        self.user_id = user_id
+        self.mailbox = mailbox
+        self.attachment: Attachment | None = None
+        self.upstream: Upstream | None = None
+        self.detached_at: float | None = time.monotonic()
+        self.released = False
+        # Who the runtime proved to be when it connected (None: anonymous).
+        self.identity = identity
+        # Handed a session token: resumed only by a connection presenting it (or the identity).
+        self.protected = protected
+        self._node_numbered = epoch << EPOCH_SHIFT
+        self._senders: dict[str, Sender] = {}
+
+    def sender(self, origin: str) -> Sender:
+        """How the lane events name this runtime for messages numbered in ``origin``."""
+        sender = self._senders.get(origin)
+        if sender is None:
+            proved = self.identity.user_id if self.identity is not None else None
+            sender = Sender(origin, self.runtime_url, self.user_id, proved)
+            self._senders[origin] = sender
+        return sender
+
+    def upstream_for(self, stub: str, on_progress: Callable[[Upstream], None]) -> Upstream:
+        """The numbering state of the stub instance ``stub``: kept across its reconnects, new
+        when another instance (a reloaded page) takes the session."""
+        origin = f"{self.key}.{stub}"
+        if self.upstream is None or self.upstream.origin != origin:
+            self.upstream = Upstream(origin, on_progress)
+        return self.upstream
+
+    def node_numbered(self) -> tuple[str, int]:
+        """(origin, number) for a message from a stub that does not number its messages; the
+        numbers grow across restarts of the node (their high bits are its start count)."""
+        self._node_numbered += 1
+        return f"{self.key}.{NODE_NUMBERED}", self._node_numbered
+
+
+class Attachment:
+    """The handle binding one stub connection to its session."""
+
+    __slots__ = ("link", "resumed", "session", "upstream")
+
+    def __init__(
+        self, session: Session, link: Link, upstream: Upstream | None, resumed: bool
+    ) -> None:
+        self.session = session
+        self.link = link
+        # Set when the stub numbers its messages and acknowledges deliveries.
+        self.upstream = upstream
+        self.resumed = resumed
+
+    @property
+    def current(self) -> bool:
+        """Still the session's connection (not replaced, not released)."""
+        return self.session.attachment is self and not self.session.released

@@ -1,0 +1,54 @@
+"""Which of a stub's numbered messages are durable: the node's side of the stub's resend buffer.
+
+A stub speaking the acknowledged protocol numbers every message it sends (1, 2, 3, … per stub
+instance) and keeps each one until the node acknowledges it. A message is done when it is
+durable: carried in an event the homeserver has persisted, answered by an MN service, or
+refused with an answer. Messages finish out of order (a service answer comes at once, a routed
+message when its event is persisted), but the acknowledgement is cumulative: the highest number
+below which everything is done.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+
+class Pending:
+    """One accepted message that is not done yet."""
+
+    __slots__ = ("done", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.done = False
+
+
+class Upstream:
+    def __init__(self, origin: str, on_progress: Callable[[Upstream], None]) -> None:
+        # The numbering the stub's messages belong to: its session's key and the stub instance.
+        self.origin = origin
+        self.accepted = 0  # highest number taken in
+        self.acked = 0  # everything up to here is done
+        self._pending: deque[Pending] = deque()
+        self._on_progress = on_progress
+
+    def take(self, seq: int) -> Pending | None:
+        """Accept message ``seq``; None when it was accepted before (a resend after a
+        reconnect), in which case it must not be routed again."""
+        if seq <= self.accepted:
+            return None
+        self.accepted = seq
+        pending = Pending(seq)
+        self._pending.append(pending)
+        return pending
+
+    def done(self, pending: Pending) -> None:
+        pending.done = True
+        advanced = False
+        queue = self._pending
+        while queue and queue[0].done:
+            self.acked = queue.popleft().seq
+            advanced = True
+        if advanced:
+            self._on_progress(self)

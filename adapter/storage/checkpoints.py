@@ -1,0 +1,97 @@
+"""What the node writes at a checkpoint, in one transaction: the deliveries it keeps, the rows
+runtimes have acknowledged, each lane's recovery position and the senders' marks as of those
+positions (routing/settlement.py decides what goes in). Plus the node's start count."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+from sqlalchemy import Connection, bindparam, delete, select, update
+
+from .clock import utcnow
+from .database import Database, upsert
+from .models import LanePosition, NodeCounter, SenderMark
+from .pending import KeptDelivery, delete_through, kept_rows, write_kept
+
+STARTS = "starts"
+
+
+class CheckpointStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._positions = upsert(db.dialect, LanePosition, ["room_id"], ["event_id", "updated_at"])
+        self._marks = upsert(db.dialect, SenderMark, ["origin"], ["seq", "updated_at"])
+        self._counter = upsert(db.dialect, NodeCounter, ["name"])
+
+    async def next_start(self) -> int:
+        """Count this start of the node and return the count (1 for the first)."""
+
+        def op(conn: Connection) -> int:
+            conn.execute(self._counter, {"name": STARTS, "value": 0})
+            conn.execute(
+                update(NodeCounter)
+                .where(NodeCounter.name == STARTS)
+                .values(value=NodeCounter.value + 1)
+            )
+            value = conn.execute(
+                select(NodeCounter.value).where(NodeCounter.name == STARTS)
+            ).scalar_one()
+            return int(value)
+
+        return await self._db.run(op)
+
+    async def positions(self) -> dict[str, str]:
+        def op(conn: Connection) -> dict[str, str]:
+            rows = conn.execute(select(LanePosition.room_id, LanePosition.event_id))
+            return {str(room): str(event) for room, event in rows}
+
+        return await self._db.run(op)
+
+    async def marks(self) -> dict[str, int]:
+        def op(conn: Connection) -> dict[str, int]:
+            rows = conn.execute(select(SenderMark.origin, SenderMark.seq))
+            return {str(origin): int(seq) for origin, seq in rows}
+
+        return await self._db.run(op)
+
+    async def commit(
+        self,
+        kept: Sequence[tuple[int, Sequence[KeptDelivery]]],
+        deletes: Sequence[tuple[int, int]],
+        positions: Mapping[str, str],
+        marks: Mapping[str, int],
+    ) -> None:
+        now = utcnow()
+        rows = kept_rows(kept, now)
+        position_rows = [
+            {"room_id": room, "event_id": event, "updated_at": now}
+            for room, event in positions.items()
+        ]
+        mark_rows = [{"origin": o, "seq": seq, "updated_at": now} for o, seq in marks.items()]
+
+        def op(conn: Connection) -> None:
+            write_kept(conn, rows)
+            delete_through(conn, deletes)
+            if position_rows:
+                conn.execute(self._positions, position_rows)
+            if mark_rows:
+                conn.execute(self._marks, mark_rows)
+
+        await self._db.run(op)
+
+    async def save_position(self, room_id: str, event_id: str) -> None:
+        await self.commit([], [], {room_id: event_id}, {})
+
+    async def prune_marks(self, keep: timedelta) -> int:
+        """Forget marks of origins that routed nothing for ``keep`` (their stubs are gone)."""
+        cutoff = utcnow() - keep
+
+        def op(conn: Connection) -> int:
+            result = conn.execute(
+                delete(SenderMark).where(SenderMark.updated_at < bindparam("cutoff")),
+                {"cutoff": cutoff},
+            )
+            return int(result.rowcount or 0)
+
+        return await self._db.run(op)

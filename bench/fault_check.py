@@ -1,0 +1,222 @@
+"""The fault suite's checker: what runtimes handed their stubs against what runtimes received.
+
+Modelled on Jepsen's total-queue checker (jepsen-io/jepsen ``checker.clj``), adapted to a message
+node: the unit is one *expected delivery*, a (message, destination) pair. A direct message has one
+destination; an update published to three subscribers is three expected deliveries. Sequence
+numbers are per sender and start at 1; order is checked per stream, i.e. per (sender,
+destination), which is what the node promises ("in the order its sender sent it").
+
+- attempted: expected deliveries of every message a runtime handed its stub
+- acknowledged: those of messages the stub reported acknowledged by the node
+- delivered: attempted pairs that arrived at least once
+- lost: acknowledged pairs that never arrived
+- recovered: pairs that arrived although never acknowledged (Jepsen's "recovered")
+- unacknowledged_undelivered: neither acknowledged nor delivered (allowed to be lost)
+- unexpected: arrivals of pairs never attempted (unknown sender or sequence number, a message at
+  a runtime it was not sent to, or one that arrived with a different ``to``)
+- duplicated: arrivals beyond the first of the same pair
+- reordered: first arrivals of a pair after a later message of the same stream had arrived
+
+The counts mean something only after a full drain (the caller waits until nothing more arrives).
+Pure functions, no I/O: tests/integration/test_faults.py checks them on synthetic histories.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One message handed to a stub: who sent it, its number, where it should arrive."""
+
+    sender: str
+    seq: int
+    destinations: tuple[str, ...]
+    acknowledged: bool
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One message handed to a runtime by its stub (every arrival, duplicates included).
+
+    Arrivals of one receiver must be given in the order that receiver saw them."""
+
+    receiver: str
+    sender: str
+    seq: int
+    t: float  # seconds since the epoch, the receiving runtime's clock
+    addressed_ok: bool = True  # its ``to`` was the receiver's address (or the subscribed one)
+    sent_t: float | None = None  # when the sender handed it to its stub, if known
+
+
+@dataclass
+class Verdict:
+    attempted: int = 0
+    acknowledged: int = 0
+    delivered: int = 0
+    lost: int = 0
+    recovered: int = 0
+    unacknowledged_undelivered: int = 0
+    unexpected: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    messages_attempted: int = 0
+    arrivals: int = 0
+    # Small samples for the report: "sender->receiver: 17-20, 33".
+    lost_sample: list[str] = field(default_factory=list)
+    duplicated_sample: list[str] = field(default_factory=list)
+    reordered_sample: list[str] = field(default_factory=list)
+    unexpected_sample: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.lost or self.unexpected or self.duplicated or self.reordered)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SAMPLE = 8
+
+
+def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
+    v = Verdict()
+    expected: dict[tuple[str, str, int], bool] = {}  # (sender, receiver, seq) -> acknowledged
+    for a in attempts:
+        v.messages_attempted += 1
+        for dest in a.destinations:
+            key = (a.sender, dest, a.seq)
+            if key in expected:
+                raise ValueError(f"attempt listed twice: {key}")
+            expected[key] = a.acknowledged
+    v.attempted = len(expected)
+    v.acknowledged = sum(expected.values())
+
+    seen: Counter[tuple[str, str, int]] = Counter()
+    highest: dict[tuple[str, str], int] = {}  # per stream, the highest seq that arrived
+    reordered: list[tuple[str, str, int]] = []
+    duplicated: list[tuple[str, str, int]] = []
+    unexpected: list[tuple[str, str, int]] = []
+    for r in arrivals:
+        v.arrivals += 1
+        key = (r.sender, r.receiver, r.seq)
+        if key not in expected or not r.addressed_ok:
+            unexpected.append(key)
+            continue
+        seen[key] += 1
+        if seen[key] > 1:
+            duplicated.append(key)
+            continue
+        stream = (r.sender, r.receiver)
+        if r.seq < highest.get(stream, 0):
+            reordered.append(key)
+        highest[stream] = max(highest.get(stream, 0), r.seq)
+
+    lost: list[tuple[str, str, int]] = []
+    for key, acked in expected.items():
+        arrived = seen[key] > 0
+        if arrived:
+            v.delivered += 1
+            if not acked:
+                v.recovered += 1
+        elif acked:
+            lost.append(key)
+        else:
+            v.unacknowledged_undelivered += 1
+    v.lost = len(lost)
+    v.duplicated = len(duplicated)
+    v.reordered = len(reordered)
+    v.unexpected = len(unexpected)
+    v.lost_sample = summarize(lost)
+    v.duplicated_sample = summarize(duplicated)
+    v.reordered_sample = summarize(reordered)
+    v.unexpected_sample = summarize(unexpected)
+    return v
+
+
+def summarize(keys: Sequence[tuple[str, str, int]], streams: int = SAMPLE) -> list[str]:
+    """Sequence numbers as ranges per stream: ``['A->B: 17-20, 33']``."""
+    by_stream: dict[tuple[str, str], list[int]] = {}
+    for sender, receiver, seq in keys:
+        by_stream.setdefault((sender, receiver), []).append(seq)
+    out = []
+    for (sender, receiver), seqs in list(by_stream.items())[:streams]:
+        out.append(f"{sender}->{receiver}: {ranges(sorted(set(seqs)))}")
+    if len(by_stream) > streams:
+        out.append(f"... {len(by_stream) - streams} more streams")
+    return out
+
+
+def ranges(seqs: Sequence[int], limit: int = 12) -> str:
+    parts: list[str] = []
+    i = 0
+    while i < len(seqs):
+        j = i
+        while j + 1 < len(seqs) and seqs[j + 1] == seqs[j] + 1:
+            j += 1
+        parts.append(str(seqs[i]) if i == j else f"{seqs[i]}-{seqs[j]}")
+        i = j + 1
+    if len(parts) > limit:
+        return ", ".join(parts[:limit]) + f", ... ({len(parts) - limit} more ranges)"
+    return ", ".join(parts)
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """A fault: when it ended (the process answering again, the proxy accepting again), from
+    when on an arrival proves delivery resumed (default: the end; for a restarted process: once
+    the old one is gone, since the restarted one may deliver before the probe sees it answer),
+    and when the next fault began (recovery must happen before it to count)."""
+
+    end: float
+    search_from: float | None = None
+    next_start: float | None = None
+
+
+def first_arrivals(windows: Sequence[Window], arrival_times: Sequence[float]) -> list[float | None]:
+    """Per fault, the first arrival at or after ``search_from`` and before the next fault."""
+    times = sorted(arrival_times)
+    out: list[float | None] = []
+    for w in windows:
+        i = bisect.bisect_left(times, w.end if w.search_from is None else w.search_from)
+        if i < len(times) and (w.next_start is None or times[i] < w.next_start):
+            out.append(times[i])
+        else:
+            out.append(None)
+    return out
+
+
+def recovery_times(windows: Sequence[Window], arrival_times: Sequence[float]) -> list[float | None]:
+    """Per fault, seconds from its end to the first arrival after it (0 when delivery resumed
+    before the end was observed); None when nothing arrived before the next fault."""
+    return [
+        None if first is None else max(0.0, first - w.end)
+        for w, first in zip(windows, first_arrivals(windows, arrival_times), strict=True)
+    ]
+
+
+def longest_gap(arrival_times: Sequence[float], since: float | None = None) -> float | None:
+    """The longest time without any arrival, from ``since`` (the stream's start) to the last
+    arrival. None when nothing arrived."""
+    times = sorted(arrival_times)
+    if not times:
+        return None
+    if since is not None and since < times[0]:
+        times.insert(0, since)
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]

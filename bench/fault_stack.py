@@ -1,0 +1,421 @@
+"""Processes for the fault suite: a Synapse with its own data dir, the node as a separate
+`rethink-mn run` process with a generated config, the node's database (a SQLite file or a fresh
+PostgreSQL database), and a TCP proxy in front of the node's stub port that can cut every
+connection at once or refuse new ones for a while. Each can be signalled and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from ruamel.yaml import YAML
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from adapter.localstack.synapse import (  # noqa: E402
+    SynapseProcess,
+    SynapseSettings,
+    free_port,
+    write_homeserver_config,
+)
+from appservice.registration import build_registration  # noqa: E402
+
+DOMAIN = "faults.local"
+SERVER_NAME = "faults.local"
+PG_ADMIN_DSN = os.environ.get(
+    "RETHINK_MN_FAULTS_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def _die_with_parent() -> None:
+    # Linux: the child gets SIGTERM if the suite dies, even by SIGKILL; nothing is left behind.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+async def _wait_exit(poll: Any, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = poll()
+        if code is not None:
+            return int(code)
+        await asyncio.sleep(0.02)
+    return None
+
+
+# -- the node's database -----------------------------------------------------------------------
+
+
+class Database:
+    """The node's database for one scenario: created fresh, dropped afterwards."""
+
+    def __init__(self, kind: str, work: Path) -> None:
+        self.kind = kind
+        self.work = work
+        self.url = ""
+        self._pg_name: str | None = None
+
+    async def create(self) -> str:
+        if self.kind == "sqlite":
+            self.url = f"sqlite:///{self.work / 'node.db'}"
+        elif self.kind == "postgresql":
+            import psycopg
+
+            self._pg_name = f"rethink_faults_{uuid.uuid4().hex[:10]}"
+            async with await psycopg.AsyncConnection.connect(
+                PG_ADMIN_DSN, autocommit=True, connect_timeout=5
+            ) as conn:
+                await conn.execute(f'CREATE DATABASE "{self._pg_name}"')
+            self.url = PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{self._pg_name}"
+        else:
+            raise ValueError(f"unknown database {self.kind!r}")
+        return self.url
+
+    async def drop(self) -> None:
+        if self._pg_name is None:
+            return
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(
+            PG_ADMIN_DSN, autocommit=True, connect_timeout=5
+        ) as conn:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{self._pg_name}" WITH (FORCE)')
+        self._pg_name = None
+
+
+async def postgres_reachable() -> str | None:
+    """None when the PostgreSQL server answers, else why not."""
+    import psycopg
+
+    try:
+        conn = await psycopg.AsyncConnection.connect(PG_ADMIN_DSN, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        return str(exc).strip()
+    await conn.close()
+    return None
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Tokens:
+    as_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    hs_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+
+class Homeserver:
+    """Synapse (SQLite, loopback) in its own data directory, as bench/run.py runs it."""
+
+    def __init__(self, python: Path, work: Path, tokens: Tokens, node_as_port: int) -> None:
+        registration = work / "registration.yaml"
+        YAML().dump(
+            build_registration(
+                appservice_id="rethink-mn",
+                url=f"http://127.0.0.1:{node_as_port}",
+                as_token=tokens.as_token,
+                hs_token=tokens.hs_token,
+                sender_localpart="_rethink_bot",
+                user_prefix="_rethink_",
+                alias_prefix="_rethink_",
+                server_name=SERVER_NAME,
+            ),
+            registration,
+        )
+        self.settings = SynapseSettings(
+            data_dir=work / "synapse",
+            server_name=SERVER_NAME,
+            port=free_port(),
+            registration_file=registration,
+        )
+        write_homeserver_config(self.settings)
+        self.process = SynapseProcess(python, self.settings)
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    async def start(self) -> None:
+        if not (self.settings.data_dir / "signing.key").exists():
+            await asyncio.to_thread(self.process.generate_keys)
+        self.process.start()
+        await self.wait_answering()
+
+    def signal(self, sig: int) -> None:
+        assert self.process.pid is not None
+        os.kill(self.process.pid, sig)
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        return await _wait_exit(self.process.exit_code, timeout)
+
+    async def wait_answering(self, timeout: float = 90) -> None:
+        """Answering = /_matrix/client/versions says 200 (polled every 20 ms)."""
+        deadline = time.monotonic() + timeout
+        url = self.url + "/_matrix/client/versions"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while time.monotonic() < deadline:
+                code = self.process.exit_code()
+                if code is not None:
+                    raise RuntimeError(f"Synapse exited with {code}; log:\n{self.log_tail()}")
+                try:
+                    async with http.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.02)
+        raise RuntimeError(f"Synapse did not answer within {timeout:.0f}s; log:\n{self.log_tail()}")
+
+    async def stop(self) -> None:
+        await self.process.stop_async()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.log_tail(lines)
+
+
+def write_node_config(
+    path: Path, hs_url: str, as_port: int, stub_port: int, db_url: str, tokens: Tokens
+) -> None:
+    YAML().dump(
+        {
+            "domain": DOMAIN,
+            "homeserver": {"url": hs_url, "server_name": SERVER_NAME},
+            "appservice": {
+                "as_token": tokens.as_token,
+                "hs_token": tokens.hs_token,
+                "listen": {"host": "127.0.0.1", "port": as_port},
+            },
+            "stub": {
+                "listen": {"host": "127.0.0.1", "port": stub_port},
+                # Fixed, so that session tokens stay valid across the node's restarts.
+                "session_secret": secrets.token_urlsafe(24),
+            },
+            "database": {"url": db_url},
+            "logging": {"level": "INFO", "format": "json"},
+        },
+        path,
+    )
+
+
+class NodeProcess:
+    """`rethink-mn run` as a child process (the worktree's code: ``python -m adapter.cli``)."""
+
+    def __init__(self, config: Path, log: Path, as_port: int, stub_port: int) -> None:
+        self.config = config
+        self.log = log
+        self.as_port = as_port
+        self.stub_port = stub_port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def _cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "adapter.cli", "-c", str(self.config), *args]
+
+    async def migrate(self) -> None:
+        proc = await asyncio.to_thread(
+            subprocess.run,
+            self._cli("db", "upgrade"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"db upgrade failed: {(proc.stderr or proc.stdout)[-2000:]}")
+
+    def start(self) -> None:
+        self.starts += 1
+        with self.log.open("ab") as log:
+            log.write(f"--- start #{self.starts} at {time.time():.3f}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self._cli("run"),
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        assert self.proc is not None
+        return await _wait_exit(self.proc.poll, timeout)
+
+    async def wait_answering(self, timeout: float = 60) -> None:
+        """Answering = the stub listener serves the stub (what runtimes need: it opens last,
+        after the appservice listener and the database). Not /health: that also probes the
+        homeserver, which lags under load."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        url = f"http://127.0.0.1:{self.stub_port}/stub/protostub.js"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"the node exited with {self.proc.returncode}; log:\n{self.log_tail()}"
+                    )
+                try:
+                    async with http.get(url) as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.02)
+        raise RuntimeError(
+            f"the node did not answer within {timeout:.0f}s; log:\n{self.log_tail()}"
+        )
+
+    async def wait_healthy(self, timeout: float = 60) -> None:
+        """/health says 200: homeserver and database reachable (before the stream starts)."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while time.monotonic() < deadline:
+                try:
+                    async with http.get(f"http://127.0.0.1:{self.as_port}/health") as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"the node was not healthy within {timeout:.0f}s")
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        if await self.wait_exit(30) is None:
+            self.proc.kill()
+            await self.wait_exit(5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+
+# -- the proxy -----------------------------------------------------------------------------------
+
+
+class Proxy:
+    """A TCP proxy in front of the node's stub listener: runtimes connect here.
+
+    ``cut()`` aborts every connection at once (both sides see the socket die, no WebSocket close
+    frame: a network loss); while ``refusing`` new connections are accepted and aborted at once;
+    while ``blackhole`` everything read is discarded and nothing closed (a link that died without
+    either end noticing yet).
+    A connection whose other side closes or fails is aborted as a whole."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.refusing = False
+        self.blackhole = False  # forward nothing, in either direction, without closing anything
+        self.discarded_bytes = 0
+        self._server: asyncio.Server | None = None
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.accepted = 0
+        self.refused = 0
+        self.upstream_failed = 0
+        self.cut_connections = 0
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._pairs)
+
+    def cut(self) -> int:
+        pairs = list(self._pairs)
+        for pair in pairs:
+            self._abort(pair)
+        self.cut_connections += len(pairs)
+        return len(pairs)
+
+    def _abort(self, pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter]) -> None:
+        self._pairs.discard(pair)
+        for writer in pair:
+            writer.transport.abort()
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            self.refused += 1
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            self.upstream_failed += 1
+            writer.transport.abort()
+            return
+        if self.refusing:  # a cut began while we were connecting
+            self.refused += 1
+            writer.transport.abort()
+            up_writer.transport.abort()
+            return
+        self.accepted += 1
+        pair = (writer, up_writer)
+        self._pairs.add(pair)
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pump(src, dst, pair))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(
+        self,
+        src: asyncio.StreamReader,
+        dst: asyncio.StreamWriter,
+        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+    ) -> None:
+        try:
+            while data := await src.read(65536):
+                if self.blackhole:
+                    self.discarded_bytes += len(data)
+                    continue
+                if dst.is_closing():
+                    break  # cut, or the other direction ended
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError, RuntimeError):
+            # A reset on one side resets the other (uvloop raises RuntimeError for a write to a
+            # transport closed meanwhile).
+            self._abort(pair)
+        else:
+            # A clean end on one side: close both, after what is buffered (a close frame).
+            self._pairs.discard(pair)
+            for writer in pair:
+                writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.cut()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)

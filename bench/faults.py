@@ -1,0 +1,1027 @@
+"""The fault-injection suite: zero loss, zero duplicates, order kept, under every fault?
+
+    .venv/bin/python bench/faults.py                       # every scenario, SQLite (~6 min)
+    .venv/bin/python bench/faults.py --database postgresql
+    .venv/bin/python bench/faults.py --quick               # network, node-sigkill, synapse-sigterm
+    .venv/bin/python bench/faults.py --scenario node-sigkill,monkey --seed 7
+
+Every scenario runs on a fresh stack of real processes: Synapse (its own data dir), the node
+(``rethink-mn run``, generated config, fresh database), and a TCP proxy (in this process) in
+front of the node's stub port. Runtimes are Node.js processes (bench/fault_runtime.mjs) using the
+bundled stub (stub_js/src/index.js) through the proxy. Senders stream numbered messages while a
+fault is injected; receivers report every arrival; after a full drain the checker
+(bench/fault_check.py) counts what was lost, duplicated, reordered or unexpected.
+
+Scenarios: none; network (every stub connection cut twice, new ones refused for a while);
+network-blackhole (the same, but for a moment before each cut the proxy forwards nothing and
+closes nothing, as when a link dies and neither end has noticed yet); node-sigterm,
+node-sigkill, synapse-sigterm, synapse-sigkill (the process signalled, then restarted at once);
+monkey (the node or Synapse, SIGKILL or SIGTERM at random, after every 5-10 s of uptime for a
+minute, while 4 senders, 4 receivers, a reporter and 3 observers exchange 30,000 messages).
+
+"Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
+the stub has acknowledgements; until then every message handed to the stub (said in the output).
+Either way less the messages the node answered with an error (a definite failure).
+
+Prints a table, writes bench/results/faults-*.json. Exit 0 when every scenario is clean (nothing
+lost, duplicated, reordered or unexpected, a full drain, every fault recovered from within
+--recovery-limit seconds), 1 otherwise, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fault_check import (  # noqa: E402
+    Arrival,
+    Attempt,
+    Window,
+    check,
+    longest_gap,
+    percentile,
+    recovery_times,
+)
+from fault_stack import (  # noqa: E402
+    DOMAIN,
+    Database,
+    Homeserver,
+    NodeProcess,
+    Proxy,
+    Tokens,
+    postgres_reachable,
+    write_node_config,
+)
+
+from adapter.localstack.synapse import ensure_synapse_installed, free_port  # noqa: E402
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+SCENARIOS = (
+    "none",
+    "network",
+    "network-blackhole",
+    "node-sigterm",
+    "node-sigkill",
+    "synapse-sigterm",
+    "synapse-sigkill",
+    "monkey",
+)
+QUICK_SCENARIOS = ("network", "node-sigkill", "synapse-sigterm")
+RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
+
+
+@dataclass(frozen=True)
+class Plan:
+    count: int  # single-fault scenarios: messages from A to B
+    rate: float  # messages/s
+    fault_at: float  # fraction of the stream after which the fault is injected
+    refuse_s: float  # network drop: how long new connections are refused after a cut
+    blackhole_s: float  # network-blackhole: how long nothing is forwarded before the cut
+    monkey_s: float  # how long the monkey keeps killing
+    monkey_interval: tuple[float, float]  # uptime between two kills, seconds
+    monkey_senders: int
+    monkey_receivers: int
+    monkey_observers: int
+    monkey_count: int  # per sender, and for the reporter
+    monkey_rate: float  # per sender, and for the reporter
+    quiet_s: float  # drained = nothing new arrived (or was acknowledged) for this long
+    drain_cap_s: float
+
+
+FULL = Plan(3000, 500, 1 / 3, 1.0, 0.5, 60, (5, 10), 4, 4, 3, 6000, 100, 8, 180)
+QUICK = Plan(600, 200, 1 / 3, 0.5, 0.3, 30, (5, 10), 4, 4, 2, 1500, 50, 5, 60)
+
+
+# -- runtimes ----------------------------------------------------------------------------------
+
+
+class Collector:
+    """Every arrival at every runtime, in the order each runtime saw them."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[Arrival] = []
+        self.other: list[dict[str, Any]] = []
+
+
+class Runtime:
+    """One fault_runtime.mjs process."""
+
+    def __init__(
+        self, name: str, role: str, spec: dict[str, Any], collector: Collector, work: Path
+    ) -> None:
+        self.name = name
+        self.role = role
+        self.spec = {**spec, "name": name, "role": role}
+        self.collector = collector
+        self.work = work
+        self.proc: asyncio.subprocess.Process | None = None
+        self.address = ""
+        self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.sent: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.final: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.stats: dict[str, Any] | None = None
+        self.statuses: list[tuple[float, str, str | None]] = []
+        self.last_status: str | None = None
+        self.progress: list[tuple[float, int]] = []  # (t, messages handed to the stub so far)
+        self._reader: asyncio.Task[None] | None = None
+        self._stderr = (work / f"runtime-{name}.stderr").open("wb")
+
+    async def start(self, timeout: float = 90) -> str:
+        self.proc = await asyncio.create_subprocess_exec(
+            "node",
+            str(RUNTIME_SCRIPT),
+            json.dumps(self.spec),
+            cwd=ROOT / "bench",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=self._stderr,
+            limit=4 * 1024 * 1024,
+        )
+        self._reader = asyncio.create_task(self._read())
+        self.address = await asyncio.wait_for(self.ready, timeout)
+        return self.address
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        name = self.name
+        arrivals = self.collector.arrivals
+        async for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            if not line:
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                self.collector.other.append({"runtime": name, "line": line[:500]})
+                continue
+            if isinstance(value, list):  # ["r", sender, seq, t, toOk, sentT]
+                _, sender, seq, t, to_ok, sent_t = value
+                arrivals.append(
+                    Arrival(
+                        name,
+                        sender,
+                        seq,
+                        t / 1000,
+                        bool(to_ok),
+                        None if sent_t is None else sent_t / 1000,
+                    )
+                )
+                continue
+            event = value.get("ev")
+            if event == "ready":
+                self.ready.set_result(value["address"])
+            elif event == "status":
+                self.statuses.append((value["t"] / 1000, value["value"], value.get("desc")))
+                self.last_status = value["value"]
+            elif event == "stats":
+                self.stats = value
+            elif event == "progress":
+                self.progress.append((value["t"] / 1000, value["n"]))
+            elif event == "sent":
+                self.progress.append((value["t"] / 1000, value["count"]))
+                self.sent.set_result(value)
+            elif event == "final":
+                self.final.set_result(value)
+            elif event == "error":
+                error = RuntimeError(f"runtime {name}: {value['error']}")
+                for fut in (self.ready, self.sent, self.final):
+                    if not fut.done():
+                        fut.set_exception(error)
+            else:
+                self.collector.other.append({"runtime": name, **value})
+        # The process ended: whoever still waits learns it.
+        error = RuntimeError(f"runtime {name} exited; stderr:\n{self.stderr_tail()}")
+        for fut in (self.ready, self.sent, self.final):
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def command(self, **command: Any) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+        await self.proc.stdin.drain()
+
+    async def finish(self, timeout: float = 30) -> dict[str, Any]:
+        await self.command(cmd="final")
+        return await asyncio.wait_for(self.final, timeout)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reader, 5)
+        for fut in (self.ready, self.sent, self.final):
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # retrieved: no "never retrieved" warnings
+        self._stderr.close()
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        self._stderr.flush()
+        path = self.work / f"runtime-{self.name}.stderr"
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+
+    def acknowledged_total(self) -> int:
+        value = (self.stats or {}).get("acknowledged")
+        return value if isinstance(value, int) else 0
+
+
+# -- one scenario ------------------------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    kind: str  # network-drop, node, synapse
+    signal: str | None
+    start: float
+    end: float = 0.0  # the process answering again / the proxy accepting again
+    exited: float | None = None
+    restarted: float | None = None  # the new process launched
+    exit_code: int | None = None
+    forced_kill: bool = False  # SIGTERM did not stop it within 30 s: SIGKILL followed
+    cut: int | None = None  # network drop: connections cut
+    refused: int | None = None  # network drop: connection attempts refused meanwhile
+    effective: bool = False  # evidence that the fault happened
+    recovery_s: float | None = None
+    # Expected deliveries of messages handed to stubs before the fault's end and not delivered
+    # by then: with none, there is nothing to recover and no recovery time (not a failure).
+    outstanding_at_end: int | None = None
+    error: str | None = None
+
+    def as_dict(self, t0: float) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for key in ("start", "end", "exited", "restarted"):
+            if d[key] is not None:
+                d[key] = round(d[key] - t0, 3)  # seconds since the stream started
+        d["downtime_s"] = round(self.end - self.start, 3)
+        return d
+
+
+@dataclass
+class Stack:
+    work: Path
+    homeserver: Homeserver
+    node: NodeProcess
+    proxy: Proxy
+    database: Database
+    faults: list[Fault] = field(default_factory=list)
+
+    @property
+    def stub_url(self) -> str:
+        return f"ws://127.0.0.1:{self.proxy.port}/stub/connect"
+
+    async def network_drop(self, refuse_s: float, blackhole_s: float = 0.0) -> Fault:
+        fault = Fault("network-drop" if not blackhole_s else "network-blackhole", None, time.time())
+        if blackhole_s:
+            self.proxy.blackhole = True
+            await asyncio.sleep(blackhole_s)
+        self.proxy.refusing = True
+        self.proxy.blackhole = False
+        refused_before = self.proxy.refused
+        fault.cut = self.proxy.cut()
+        await asyncio.sleep(refuse_s)
+        self.proxy.refusing = False
+        fault.end = time.time()
+        fault.refused = self.proxy.refused - refused_before
+        fault.effective = fault.cut > 0
+        self.faults.append(fault)
+        return fault
+
+    async def restart(self, target: str, sig: signal.Signals) -> Fault:
+        proc: Homeserver | NodeProcess = self.node if target == "node" else self.homeserver
+        fault = Fault(target, sig.name, time.time())
+        self.faults.append(fault)
+        proc.signal(sig)
+        code = await proc.wait_exit(30)
+        if code is None:
+            fault.forced_kill = True
+            proc.signal(signal.SIGKILL)
+            code = await proc.wait_exit(10)
+        fault.exited = time.time()
+        fault.exit_code = code
+        fault.effective = code is not None and (sig != signal.SIGKILL or code == -signal.SIGKILL)
+        if code is None:
+            raise RuntimeError(f"{target} did not exit after {sig.name} and SIGKILL")
+        fault.restarted = time.time()
+        if target == "node":
+            self.node.start()
+            await self.node.wait_answering(90)
+        else:
+            await self.homeserver.start()
+        fault.end = time.time()
+        return fault
+
+    async def close(self) -> None:
+        await self.proxy.close()
+        await self.node.stop()
+        await self.homeserver.stop()
+        await self.database.drop()
+
+
+async def start_stack(work: Path, synapse_python: Path, database: str) -> Stack:
+    tokens = Tokens()
+    as_port, stub_port = free_port(), free_port()
+    homeserver = Homeserver(synapse_python, work, tokens, as_port)
+    db = Database(database, work)
+    proxy = Proxy(stub_port)
+    node = NodeProcess(work / "node.yaml", work / "node.log", as_port, stub_port)
+    stack = Stack(work, homeserver, node, proxy, db)
+    try:
+        db_url = await db.create()
+        write_node_config(node.config, homeserver.url, as_port, stub_port, db_url, tokens)
+        await asyncio.gather(homeserver.start(), node.migrate())
+        node.start()
+        await node.wait_answering(90)
+        await node.wait_healthy(60)
+        await proxy.start()
+    except BaseException:
+        await stack.close()
+        raise
+    return stack
+
+
+@dataclass
+class Layout:
+    """Who sends what to whom."""
+
+    senders: dict[str, list[str]]  # sender -> receivers, round-robin by seq
+    receivers: list[str]
+    count: int
+    rate: float
+    reporter: str | None = None
+    observers: list[str] = field(default_factory=list)
+    reporter_count: int = 0
+    reporter_rate: float = 0.0
+
+    def destinations(self, sender: str, seq: int) -> tuple[str, ...]:
+        if sender == self.reporter:
+            return tuple(self.observers)
+        targets = self.senders[sender]
+        return (targets[(seq - 1) % len(targets)],)
+
+    @property
+    def stream_s(self) -> float:
+        spans = [self.count / self.rate]
+        if self.reporter:
+            spans.append(self.reporter_count / self.reporter_rate)
+        return max(spans)
+
+
+@dataclass
+class Run:
+    """What a fault driver sees: the stack, when the stream started, how long it lasts, the
+    runtimes."""
+
+    stack: Stack
+    t0: float
+    stream_s: float
+    runtimes: list[Runtime]
+    collector: Collector
+
+    async def recovered(self, since: float, timeout: float) -> bool:
+        """Every stub live again and something delivered after ``since``."""
+        deadline = time.monotonic() + timeout
+        arrivals = self.collector.arrivals
+        while time.monotonic() < deadline:
+            if all(rt.last_status == "live" for rt in self.runtimes) and (
+                arrivals and arrivals[-1].t > since
+            ):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+
+FaultDriver = Callable[[Run], Coroutine[Any, Any, None]]
+
+
+async def run_scenario(
+    name: str,
+    database: str,
+    plan: Plan,
+    args: argparse.Namespace,
+    synapse_python: Path,
+    rng: random.Random,
+) -> dict[str, Any]:
+    layout, driver = scenario_setup(name, plan, args, rng)
+    work = Path(tempfile.mkdtemp(prefix=f"rethink-faults-{name}-{database}-", dir=args.work_root))
+    result: dict[str, Any] = {"scenario": name, "database": database, "work_dir": str(work)}
+    started = time.monotonic()
+    console.rule(f"[bold]{name}[/] on {database}")
+    stack: Stack | None = None
+    runtimes: list[Runtime] = []
+    collector = Collector()
+    t0 = time.time()
+    try:
+        stack = await start_stack(work, synapse_python, database)
+        common = {
+            "domain": DOMAIN,
+            "url": stack.stub_url,
+            "tag": secrets.token_hex(3),
+            "reconnect": {"initialDelay": 500, "maxDelay": args.stub_max_delay_ms},
+        }
+        by_name: dict[str, Runtime] = {}
+
+        async def spawn(rname: str, role: str, **extra: Any) -> Runtime:
+            rt = Runtime(rname, role, {**common, **extra}, collector, work)
+            runtimes.append(rt)
+            by_name[rname] = rt
+            await rt.start()
+            return rt
+
+        await asyncio.gather(*(spawn(r, "receiver") for r in layout.receivers))
+        if layout.reporter:
+            reporter = await spawn(
+                layout.reporter,
+                "reporter",
+                count=layout.reporter_count,
+                rate=layout.reporter_rate,
+            )
+            await asyncio.gather(
+                *(spawn(o, "observer", object=reporter.address) for o in layout.observers)
+            )
+        await asyncio.gather(
+            *(spawn(s, "sender", count=layout.count, rate=layout.rate) for s in layout.senders)
+        )
+        streaming = [by_name[s] for s in layout.senders]
+        if layout.reporter:
+            streaming.append(by_name[layout.reporter])
+        total = layout.count * len(layout.senders) + layout.reporter_count
+        console.print(f"  {len(runtimes)} runtimes ready; streaming {total} messages")
+        targets = {
+            rt.name: [by_name[r].address for r in layout.senders.get(rt.name, [])]
+            for rt in streaming
+        }
+        await warm_up(layout, streaming, targets, collector)
+        t0 = time.time()
+        await asyncio.gather(*(rt.command(cmd="go", targets=targets[rt.name]) for rt in streaming))
+        fault_task = asyncio.create_task(
+            driver(Run(stack, t0, layout.stream_s, runtimes, collector))
+        )
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(rt.sent for rt in streaming)), layout.stream_s + 300
+            )
+            await fault_task
+        finally:
+            if not fault_task.done():
+                fault_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await fault_task
+        result["drained"], result["drain_s"] = await drain(
+            lambda: (len(collector.arrivals), sum(rt.acknowledged_total() for rt in runtimes)),
+            plan.quiet_s,
+            plan.drain_cap_s,
+        )
+        finals = {
+            rt.name: await rt.finish() for rt in runtimes if rt.role in ("sender", "reporter")
+        }
+        for rt in runtimes:
+            if rt.role not in ("sender", "reporter"):
+                await rt.finish()
+        evaluate(result, layout, finals, collector, stack, runtimes, t0, args)
+    except Exception as exc:  # noqa: BLE001 - recorded: the scenario failed to run
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        console.print(f"  [red]error[/]: {result['error']}")
+    finally:
+        for rt in runtimes:
+            await rt.stop()
+        if stack is not None:
+            result["faults"] = result.get("faults") or [f.as_dict(t0) for f in stack.faults]
+            result["node_log_tail"] = stack.node.log_tail(15) if result.get("error") else None
+            await stack.close()
+    result["duration_s"] = round(time.monotonic() - started, 1)
+    result["ok"] = verdict_ok(result, args.recovery_limit)
+    if result["ok"] and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+        result["work_dir"] = None
+    print_scenario(result)
+    return result
+
+
+async def warm_up(
+    layout: Layout, streaming: list[Runtime], targets: dict[str, list[str]], collector: Collector
+) -> None:
+    """Each sender's first message to each destination (seq 0, not counted) provisions its room
+    in Matrix; the stream starts once every one of them arrived."""
+    expected = {
+        (rt.name, dest)
+        for rt in streaming
+        for dest in (layout.observers if rt.name == layout.reporter else layout.senders[rt.name])
+    }
+    await asyncio.gather(*(rt.command(cmd="warmup", targets=targets[rt.name]) for rt in streaming))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        arrived = {(a.sender, a.receiver) for a in collector.arrivals if a.seq == 0}
+        if expected <= arrived:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"warm-up messages did not arrive: {sorted(expected - arrived)}")
+
+
+async def drain(
+    progress: Callable[[], tuple[int, int]], quiet_s: float, cap_s: float
+) -> tuple[bool, float]:
+    """Wait until neither arrivals nor acknowledgements grow for ``quiet_s`` (drained), or
+    ``cap_s`` passed (not drained: the counts are not final)."""
+    start = last_change = time.monotonic()
+    last = progress()
+    while time.monotonic() - start < cap_s:
+        await asyncio.sleep(0.25)
+        now = progress()
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change >= quiet_s:
+            return True, round(time.monotonic() - start, 1)
+    return False, round(time.monotonic() - start, 1)
+
+
+def evaluate(
+    result: dict[str, Any],
+    layout: Layout,
+    finals: dict[str, dict[str, Any]],
+    collector: Collector,
+    stack: Stack,
+    runtimes: list[Runtime],
+    t0: float,
+    args: argparse.Namespace,
+) -> None:
+    # Acknowledged: the prefix the stub acknowledged (today's stub: everything handed to it),
+    # less what the node refused with an error response (a definite failure, as Jepsen's :fail).
+    refused_seqs = {
+        sender: {seq for seqs in final["refused"].values() for seq in seqs}
+        for sender, final in finals.items()
+    }
+    attempts = [
+        Attempt(
+            sender,
+            seq,
+            layout.destinations(sender, seq),
+            seq <= final["acked_through"] and seq not in refused_seqs[sender],
+        )
+        for sender, final in finals.items()
+        for seq in range(1, final["attempted"] + 1)
+    ]
+    counted = [a for a in collector.arrivals if a.seq != 0]  # seq 0: the warm-up
+    verdict = check(attempts, counted)
+    result["counts"] = verdict.as_dict()
+    sources = {f["ack_source"] for f in finals.values()}
+    result["ack_source"] = sources.pop() if len(sources) == 1 else sorted(sources)
+    times = [a.t for a in counted]
+    faults = stack.faults
+    windows = [
+        Window(f.end, search_from(f), faults[i + 1].start if i + 1 < len(faults) else None)
+        for i, f in enumerate(faults)
+    ]
+    for fault, recovery in zip(faults, recovery_times(windows, times), strict=True):
+        fault.recovery_s = None if recovery is None else round(recovery, 3)
+        fault.outstanding_at_end = outstanding(fault.end, attempts, counted, runtimes)
+    result["faults"] = [f.as_dict(t0) for f in faults]
+    recoveries = [f.recovery_s for f in faults]
+    result["recovery_max_s"] = max((r for r in recoveries if r is not None), default=None)
+    result["unrecovered"] = sum(f.recovery_s is None and f.outstanding_at_end != 0 for f in faults)
+    timeline = [0] * (int(max(times, default=t0) - t0) + 1)
+    for t in times:
+        timeline[max(0, int(t - t0))] += 1
+    result["delivered_per_s"] = timeline
+    write_raw(stack.work, collector, runtimes, t0)
+    gap = longest_gap(times, since=t0)
+    result["max_gap_s"] = None if gap is None else round(gap, 3)
+    latencies = [(a.t - a.sent_t) * 1000 for a in counted if a.sent_t is not None]
+    result["latency_ms"] = {
+        "p50": _round(percentile(latencies, 50)),
+        "p99": _round(percentile(latencies, 99)),
+        "max": _round(max(latencies, default=None)),
+    }
+    refused: Counter[str] = Counter()
+    for final in finals.values():
+        for code, seqs in final["refused"].items():
+            refused[code] += len(seqs)
+    result["refused_by_node"] = dict(refused)
+    result["stub_disconnects"] = {
+        rt.name: sum(1 for _, value, _ in rt.statuses if value == "disconnected") for rt in runtimes
+    }
+    result["stub_failed"] = {
+        rt.name: [desc for _, value, desc in rt.statuses if value == "failed"]
+        for rt in runtimes
+        if any(value == "failed" for _, value, _ in rt.statuses)
+    }
+    result["other_frames"] = collector.other[:10]
+    result["node_starts"] = stack.node.starts
+    result["proxy"] = {
+        "accepted": stack.proxy.accepted,
+        "cut": stack.proxy.cut_connections,
+        "refused": stack.proxy.refused,
+        "upstream_failed": stack.proxy.upstream_failed,
+    }
+    result["stats"] = {name: final.get("stats") for name, final in finals.items()}
+    # Evidence that the faults happened: a process exited, connections were cut, and every
+    # stub noticed each network drop and each restart of the node.
+    problems = [f"{f.kind} {f.signal or ''} had no effect" for f in faults if not f.effective]
+    dropping = sum(f.kind != "synapse" for f in faults)
+    problems += [
+        f"stub {rt} saw {n} disconnects, expected at least {dropping}"
+        for rt, n in result["stub_disconnects"].items()
+        if n < dropping
+    ]
+    if problems:
+        result["error"] = "a fault did not take effect: " + "; ".join(problems)
+
+
+def outstanding(
+    at: float, attempts: list[Attempt], arrivals: list[Arrival], runtimes: list[Runtime]
+) -> int:
+    """Expected deliveries of messages handed to a stub by ``at`` that had not arrived by then."""
+    handed = {}
+    for rt in runtimes:
+        before = [n for t, n in rt.progress if t <= at]
+        handed[rt.name] = max(before, default=0)
+    arrived = {(a.sender, a.receiver, a.seq) for a in arrivals if a.t <= at}
+    return sum(
+        (a.sender, dest, a.seq) not in arrived
+        for a in attempts
+        if a.seq <= handed.get(a.sender, 0)
+        for dest in a.destinations
+    )
+
+
+def write_raw(work: Path, collector: Collector, runtimes: list[Runtime], t0: float) -> None:
+    """Every arrival and every stub status, for a look at what happened (kept with the work dir
+    when a scenario is not clean)."""
+    with (work / "arrivals.csv").open("w") as f:
+        f.write("receiver,sender,seq,t,sent_t,addressed_ok\n")
+        for a in collector.arrivals:
+            sent = "" if a.sent_t is None else f"{a.sent_t - t0:.4f}"
+            f.write(
+                f"{a.receiver},{a.sender},{a.seq},{a.t - t0:.4f},{sent},{int(a.addressed_ok)}\n"
+            )
+    with (work / "statuses.csv").open("w") as f:
+        f.write("runtime,t,status,desc\n")
+        for rt in runtimes:
+            for t, value, desc in rt.statuses:
+                f.write(f"{rt.name},{t - t0:.4f},{value},{json.dumps(desc or '')}\n")
+
+
+def search_from(fault: Fault) -> float:
+    """From when on an arrival shows that delivery resumed after ``fault``."""
+    if fault.kind == "node" and fault.exited is not None:
+        return fault.exited  # the old node is gone, and only a node delivers
+    if fault.kind == "synapse" and fault.restarted is not None:
+        # The node may still be delivering the last transaction of the old Synapse for a moment;
+        # the new one needs over a second to start.
+        return fault.restarted + 0.5
+    return fault.end  # a network drop: nothing gets through until the proxy accepts again
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def verdict_ok(result: dict[str, Any], recovery_limit: float) -> bool:
+    counts = result.get("counts")
+    if result.get("error") or not counts or not result.get("drained"):
+        return False
+    clean = all(counts[k] == 0 for k in ("lost", "unexpected", "duplicated", "reordered"))
+    recovered = all(
+        f["recovery_s"] <= recovery_limit
+        if f["recovery_s"] is not None
+        else f.get("outstanding_at_end") == 0
+        for f in result.get("faults", [])
+    )
+    return clean and recovered
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+
+
+async def sleep_until(t: float) -> None:
+    await asyncio.sleep(max(0.0, t - time.time()))
+
+
+def scenario_setup(
+    name: str, plan: Plan, args: argparse.Namespace, rng: random.Random
+) -> tuple[Layout, FaultDriver]:
+    single = Layout({"A": ["B"]}, ["B"], plan.count, plan.rate)
+
+    async def nothing(run: Run) -> None:
+        return None
+
+    def network(blackhole_s: float) -> FaultDriver:
+        async def inject(run: Run) -> None:
+            for at in (plan.fault_at, 2 * plan.fault_at):
+                await sleep_until(run.t0 + at * run.stream_s)
+                if run.stack.faults:
+                    # Two drops, not one long one: the second once every stub is back and
+                    # delivery resumed (or 15 s passed: then the first shows as not recovered).
+                    await run.recovered(run.stack.faults[-1].end, 15)
+                    await asyncio.sleep(0.2)
+                fault = await run.stack.network_drop(plan.refuse_s, blackhole_s)
+                console.print(
+                    f"  {fault.start - run.t0:5.1f}s {fault.kind}: "
+                    + (f"nothing forwarded for {blackhole_s}s, then " if blackhole_s else "")
+                    + f"{fault.cut} connections cut, {fault.refused} refused during "
+                    f"{plan.refuse_s}s"
+                )
+
+        return inject
+
+    def restart(target: str, sig: signal.Signals) -> FaultDriver:
+        async def inject(run: Run) -> None:
+            await sleep_until(run.t0 + plan.fault_at * run.stream_s)
+            await report_restart(run.stack, target, sig, run.t0)
+
+        return inject
+
+    async def monkey(run: Run) -> None:
+        while True:
+            await asyncio.sleep(rng.uniform(*plan.monkey_interval))
+            if time.time() - run.t0 > plan.monkey_s:
+                return
+            target = rng.choice(("node", "synapse"))
+            sig = rng.choice((signal.SIGKILL, signal.SIGTERM))
+            await report_restart(run.stack, target, sig, run.t0)
+
+    if name == "none":
+        return single, nothing
+    if name == "network":
+        return single, network(0.0)
+    if name == "network-blackhole":
+        return single, network(plan.blackhole_s)
+    if name in ("node-sigterm", "node-sigkill", "synapse-sigterm", "synapse-sigkill"):
+        target, sig = name.split("-")
+        return single, restart(target, signal.Signals[sig.upper()])
+    if name == "monkey":
+        receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
+        senders = {
+            # Each sender starts at a different receiver, then round-robin over all of them.
+            f"S{i + 1}": receivers[i % len(receivers) :] + receivers[: i % len(receivers)]
+            for i in range(plan.monkey_senders)
+        }
+        return (
+            Layout(
+                senders,
+                receivers,
+                plan.monkey_count,
+                plan.monkey_rate,
+                reporter="P",
+                observers=[f"O{i + 1}" for i in range(plan.monkey_observers)],
+                reporter_count=plan.monkey_count,
+                reporter_rate=plan.monkey_rate,
+            ),
+            monkey,
+        )
+    raise ValueError(name)
+
+
+async def report_restart(stack: Stack, target: str, sig: signal.Signals, t0: float) -> None:
+    fault = await stack.restart(target, sig)
+    console.print(
+        f"  {fault.start - t0:5.1f}s {target} {sig.name}: exited {fault.exit_code}"
+        f"{' (forced SIGKILL)' if fault.forced_kill else ''}, answering again after "
+        f"{fault.end - fault.start:.1f}s"
+    )
+
+
+# -- report ------------------------------------------------------------------------------------
+
+COLUMNS = (
+    ("scenario", "scenario"),
+    ("db", "database"),
+    ("attempted", "attempted"),
+    ("ack'd", "acknowledged"),
+    ("delivered", "delivered"),
+    ("lost", "lost"),
+    ("unexpected", "unexpected"),
+    ("dup", "duplicated"),
+    ("reordered", "reordered"),
+    ("recovery s (max)", "recovery"),
+    ("max gap s", "max_gap_s"),
+    ("valid", "valid"),
+)
+
+
+def row_cells(r: dict[str, Any]) -> list[str]:
+    c = r.get("counts") or {}
+    faults = r.get("faults") or []
+    if not faults:
+        recovery = "n/a"
+    else:
+        rec = [f["recovery_s"] for f in faults]
+        never = sum(f["recovery_s"] is None and f.get("outstanding_at_end") != 0 for f in faults)
+        worst = max((x for x in rec if x is not None), default=None)
+        recovery = "n/a" if worst is None else f"{worst:.2f}"
+        if never:
+            recovery = "never" if worst is None else f"{recovery} ({never} never)"
+    valid = "error" if r.get("error") else ("yes" if r.get("drained") else "NO (not drained)")
+    cells = []
+    for _, key in COLUMNS:
+        if key in ("scenario", "database"):
+            cells.append(str(r[key]))
+        elif key == "recovery":
+            cells.append(recovery)
+        elif key == "max_gap_s":
+            cells.append("" if r.get("max_gap_s") is None else f"{r['max_gap_s']:.2f}")
+        elif key == "valid":
+            cells.append(valid)
+        else:
+            value = c.get(key)
+            text = "" if value is None else str(value)
+            if key in ("lost", "unexpected", "duplicated", "reordered") and value:
+                text = f"[red]{text}"
+            cells.append(text)
+    return cells
+
+
+def print_scenario(r: dict[str, Any]) -> None:
+    c = r.get("counts")
+    if c:
+        console.print(
+            "  "
+            + ", ".join(
+                f"{k}={c[k]}"
+                for k in (
+                    "attempted",
+                    "acknowledged",
+                    "delivered",
+                    "lost",
+                    "unexpected",
+                    "duplicated",
+                    "reordered",
+                )
+            )
+            + f"; drained={r.get('drained')} ({r.get('drain_s')}s)"
+            + f"; recovery max={r.get('recovery_max_s')}s; max gap={r.get('max_gap_s')}s"
+        )
+        for key in ("lost_sample", "duplicated_sample", "reordered_sample", "unexpected_sample"):
+            if c[key]:
+                console.print(f"  {key.removesuffix('_sample')}: {'; '.join(c[key])}")
+        for f in r.get("faults") or []:
+            rec = f["recovery_s"]
+            console.print(
+                f"  fault at {f['start']:.1f}s ({f['kind']} {f['signal'] or ''}".rstrip()
+                + f"), over at {f['end']:.1f}s: "
+                + (
+                    f"delivery resumed {rec:.2f}s later"
+                    if rec is not None
+                    else "nothing outstanding to deliver"
+                    if f["outstanding_at_end"] == 0
+                    else f"[red]delivery never resumed[/] ({f['outstanding_at_end']} outstanding)"
+                )
+            )
+        if r.get("refused_by_node"):
+            console.print(f"  refused by the node (response codes): {r['refused_by_node']}")
+    console.print(f"  {'[green]clean' if r['ok'] else '[red]NOT clean'}[/] ({r['duration_s']}s)")
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    table = Table(title="fault suite (counts per message and destination)")
+    for header, _ in COLUMNS:
+        table.add_column(header, justify="left" if header in ("scenario", "db") else "right")
+    for r in results:
+        table.add_row(*row_cells(r))
+    console.print(table)
+    sources = {str(r.get("ack_source")) for r in results if r.get("ack_source")}
+    for source in sorted(sources):
+        console.print(f"ack'd: {source}")
+    console.print(
+        "lost = acknowledged, never delivered; unexpected = delivered, never sent (there); dup ="
+        " extra copies; reordered = arrived after a later message of the same sender to the same"
+        " destination; recovery = from the process answering again (or the proxy accepting"
+        " again) to the next delivery (n/a: nothing outstanding); valid = counted after a full"
+        " drain"
+    )
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def ensure_node_packages() -> None:
+    for folder in ("stub_js", "bench"):
+        if not (ROOT / folder / "node_modules" / "ws").is_dir():
+            console.print(f"installing {folder}'s packages (npm ci)")
+            subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=ROOT / folder,
+                check=True,
+            )
+
+
+async def main(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    scenarios = args.scenario or list(QUICK_SCENARIOS if args.quick else SCENARIOS)
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    if "postgresql" in args.database and (why := await postgres_reachable()):
+        console.print(f"[red]PostgreSQL not reachable[/]: {why}")
+        return 2
+    await asyncio.to_thread(ensure_node_packages)
+    synapse_python = await asyncio.to_thread(ensure_synapse_installed, None, console.print)
+    console.print(
+        f"scenarios {', '.join(scenarios)} on {', '.join(args.database)}"
+        f"{' (quick)' if args.quick else ''}; seed {seed}"
+    )
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    results = []
+    for database in args.database:
+        for name in scenarios:
+            # A fresh generator per scenario: the same seed, the same faults on either database.
+            rng = random.Random(seed)
+            results.append(await run_scenario(name, database, plan, args, synapse_python, rng))
+    print_table(results)
+    out = args.out or (ROOT / "bench" / "results" / f"faults-{time.strftime('%Y%m%dT%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "started": started,
+                "command": " ".join(sys.argv),
+                "seed": seed,
+                "quick": args.quick,
+                "plan": dataclasses.asdict(plan),
+                "recovery_limit_s": args.recovery_limit,
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+    console.print(f"results written to {out}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="rethink-mn fault-injection suite")
+    parser.add_argument(
+        "--scenario",
+        type=lambda s: s.split(","),
+        help=f"comma-separated, from: {','.join(SCENARIOS)} (default: all; --quick: "
+        f"{','.join(QUICK_SCENARIOS)})",
+    )
+    parser.add_argument(
+        "--database",
+        type=lambda s: s.split(","),
+        default=["sqlite"],
+        help="the node's database: sqlite, postgresql, or both comma-separated (default sqlite)",
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller counts, a subset of faults")
+    parser.add_argument("--seed", type=int, help="the monkey's random seed")
+    parser.add_argument("--out", type=Path, help="JSON results file")
+    parser.add_argument(
+        "--recovery-limit",
+        type=float,
+        default=5.0,
+        help="seconds after a fault's end within which delivery must resume (default 5)",
+    )
+    parser.add_argument(
+        "--stub-max-delay-ms",
+        type=int,
+        default=2000,
+        help="the stubs' reconnect.maxDelay (the stub's default is 30000: a recovery time would "
+        "then measure the stub's back-off, not the node)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work dirs of clean runs")
+    parser.add_argument(
+        "--work-root",
+        type=Path,
+        help="where the scenarios' work dirs (Synapse data, node log and database, raw arrivals) "
+        "go; default the system's temp dir. Kept for scenarios that are not clean",
+    )
+    args = parser.parse_args(argv)
+    if args.scenario and not set(args.scenario) <= set(SCENARIOS):
+        parser.error(f"--scenario takes {', '.join(SCENARIOS)}")
+    if not set(args.database) <= {"sqlite", "postgresql"}:
+        parser.error("--database takes sqlite, postgresql")
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(uvloop.run(main(parse_args())))

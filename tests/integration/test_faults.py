@@ -1,0 +1,353 @@
+"""The fault suite (bench/faults.py): its checker and proxy on their own, then `--quick` against
+the real node and Synapse: nothing lost, duplicated, reordered or unexpected under a network drop,
+a node SIGKILL and a Synapse SIGTERM, and delivery resumed within 5 s of each fault's end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fault_check import (  # noqa: E402
+    Arrival,
+    Attempt,
+    Window,
+    check,
+    longest_gap,
+    ranges,
+    recovery_times,
+)
+from fault_stack import Proxy, postgres_reachable  # noqa: E402
+from faults import verdict_ok  # noqa: E402
+
+RECOVERY_LIMIT_S = 5.0
+
+
+def sent(sender: str, seqs: range, to: str = "B", acked: bool = True) -> list[Attempt]:
+    return [Attempt(sender, n, (to,), acked) for n in seqs]
+
+
+def got(receiver: str, sender: str, seqs: list[int]) -> list[Arrival]:
+    return [Arrival(receiver, sender, n, float(i)) for i, n in enumerate(seqs)]
+
+
+# -- the checker, on synthetic histories --------------------------------------------------------
+
+
+def test_a_clean_history_is_clean() -> None:
+    v = check(sent("A", range(1, 6)), got("B", "A", [1, 2, 3, 4, 5]))
+    assert (v.attempted, v.acknowledged, v.delivered) == (5, 5, 5)
+    assert (v.lost, v.duplicated, v.reordered, v.unexpected) == (0, 0, 0, 0)
+    assert v.clean
+
+
+def test_lost_is_acknowledged_and_never_delivered() -> None:
+    attempts = sent("A", range(1, 8)) + sent("A", range(8, 11), acked=False)
+    v = check(attempts, got("B", "A", [1, 2, 5, 6, 9]))
+    assert v.lost == 3  # 3, 4, 7
+    assert v.unacknowledged_undelivered == 2  # 8, 10: never acknowledged, allowed to vanish
+    assert v.recovered == 1  # 9: delivered without an acknowledgement
+    assert v.delivered == 5
+    assert v.lost_sample == ["A->B: 3-4, 7"]
+    assert not v.clean
+
+
+def test_duplicates_are_counted_once_per_extra_copy_and_not_as_reordering() -> None:
+    v = check(sent("A", range(1, 5)), got("B", "A", [1, 2, 2, 3, 1, 4, 4, 4]))
+    assert v.duplicated == 4  # 2 once, 1 once, 4 twice
+    assert v.reordered == 0
+    assert v.delivered == 4 and v.lost == 0
+    assert v.duplicated_sample == ["A->B: 1-2, 4"]
+
+
+def test_reordering_is_per_sender_and_destination() -> None:
+    attempts = [Attempt("A", n, ("B" if n % 2 else "C",), True) for n in range(1, 7)]
+    # To B: 1, 5, 3 (3 after 5: reordered). To C: 6 first, then 2 and 4, both late.
+    arrivals = got("B", "A", [1, 5, 3]) + got("C", "A", [6, 2, 4])
+    v = check(attempts, arrivals)
+    assert v.reordered == 3
+    assert sorted(v.reordered_sample) == ["A->B: 3", "A->C: 2, 4"]
+    # Interleaved streams that are each in order are not reordered.
+    v = check(attempts, got("C", "A", [2]) + got("B", "A", [1, 3]) + got("C", "A", [4, 6]))
+    assert v.reordered == 0 and v.lost == 1  # 5 never came
+
+
+def test_unexpected_deliveries() -> None:
+    attempts = sent("A", range(1, 4))
+    arrivals = [
+        *got("B", "A", [1, 2, 3]),
+        Arrival("B", "A", 4, 9.0),  # never sent
+        Arrival("B", "Z", 1, 9.0),  # unknown sender
+        Arrival("C", "A", 2, 9.0),  # sent, but not to C
+        Arrival("B", "A", 3, 9.0, addressed_ok=False),  # arrived with another `to`
+    ]
+    v = check(attempts, arrivals)
+    assert v.unexpected == 4
+    assert v.duplicated == 0 and v.lost == 0
+
+
+def test_publications_count_one_expected_delivery_per_subscriber() -> None:
+    attempts = [Attempt("P", n, ("O1", "O2"), True) for n in (1, 2)]
+    v = check(attempts, got("O1", "P", [1, 2]) + got("O2", "P", [2]))
+    assert (v.messages_attempted, v.attempted, v.delivered, v.lost) == (2, 4, 3, 1)
+    assert v.lost_sample == ["P->O2: 1"]
+
+
+def test_an_attempt_listed_twice_is_a_harness_error() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        check(sent("A", range(1, 3)) + sent("A", range(2, 3)), [])
+
+
+def test_recovery_times() -> None:
+    arrivals = [1.0, 2.0, 10.5, 11.0, 30.0]
+    windows = [
+        Window(end=10.0, next_start=20.0),  # first arrival after the end: 10.5
+        Window(end=21.0, next_start=25.0),  # nothing before the next fault
+        Window(end=29.0),  # the last fault: 30.0
+        # Delivery resumed (10.5) before the probe saw the process answering (11.2): 0.
+        Window(end=11.2, search_from=10.0),
+    ]
+    assert recovery_times(windows, arrivals) == [0.5, None, 1.0, 0.0]
+
+
+def test_longest_gap_counts_from_the_stream_start() -> None:
+    assert longest_gap([], since=0.0) is None
+    assert longest_gap([1.0, 1.5, 4.5, 5.0]) == 3.0
+    assert longest_gap([5.0, 5.5], since=0.0) == 5.0
+
+
+def test_ranges() -> None:
+    assert ranges([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8"
+    assert ranges(list(range(0, 40, 2)), limit=3) == "0, 2, 4, ... (17 more ranges)"
+
+
+def result(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "drained": True,
+        "counts": {"lost": 0, "unexpected": 0, "duplicated": 0, "reordered": 0},
+        "faults": [{"recovery_s": 0.4, "outstanding_at_end": 12}],
+    }
+    return {**base, **overrides}
+
+
+def test_verdict() -> None:
+    assert verdict_ok(result(), RECOVERY_LIMIT_S)
+    assert not verdict_ok(result(drained=False), RECOVERY_LIMIT_S)
+    assert not verdict_ok(result(error="boom"), RECOVERY_LIMIT_S)
+    for key in ("lost", "unexpected", "duplicated", "reordered"):
+        counts = {"lost": 0, "unexpected": 0, "duplicated": 0, "reordered": 0, key: 1}
+        assert not verdict_ok(result(counts=counts), RECOVERY_LIMIT_S), key
+    late = [{"recovery_s": 5.5, "outstanding_at_end": 3}]
+    assert not verdict_ok(result(faults=late), RECOVERY_LIMIT_S)
+    never = [{"recovery_s": None, "outstanding_at_end": 3}]
+    assert not verdict_ok(result(faults=never), RECOVERY_LIMIT_S)
+    nothing_to_recover = [{"recovery_s": None, "outstanding_at_end": 0}]
+    assert verdict_ok(result(faults=nothing_to_recover), RECOVERY_LIMIT_S)
+
+
+# -- the proxy ----------------------------------------------------------------------------------
+
+
+async def test_the_proxy_forwards_cuts_refuses_and_blackholes() -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(1024):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    proxy = Proxy(server.sockets[0].getsockname()[1])
+    port = await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"ping")
+        assert await asyncio.wait_for(reader.read(4), 5) == b"ping"
+        assert proxy.open_connections == 1
+
+        proxy.blackhole = True
+        writer.write(b"void")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.read(4), 0.3)
+        assert proxy.discarded_bytes == 4
+        proxy.blackhole = False
+
+        assert proxy.cut() == 1
+        assert await asyncio.wait_for(_closed(reader), 5)
+        assert proxy.open_connections == 0
+
+        proxy.refusing = True
+        reader, _ = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(_closed(reader), 5)
+        assert proxy.refused == 1
+        proxy.refusing = False
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"back")
+        assert await asyncio.wait_for(reader.read(4), 5) == b"back"
+        writer.close()
+    finally:
+        await proxy.close()
+        server.close()
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await reader.read(1) == b""
+    except ConnectionError:
+        return True
+
+
+# -- the runtime's bookkeeping, with a fake stub that has acknowledgements -----------------------
+
+FAKE_STUB = """
+// Answers allocations itself, acknowledges (cumulatively, in the order handed) every message up to
+// the one numbered 7, refuses number 5 with a 503, and on the warm-up delivers two numbered
+// messages (one twice).
+export function activate(url, bus, config) {
+  let sent = 0, acknowledged = 0;
+  const instance = { get stats() { return { sent, acknowledged, unacknowledged: sent - acknowledged,
+                                            delivered: 0, duplicates: 0 }; } };
+  bus.addListener('*', (msg) => {
+    sent += 1;
+    const answer = (body) => bus.postMessage({ id: msg.id, type: 'response', from: msg.to,
+                                               to: msg.from, body });
+    if (msg.type === 'create') {
+      acknowledged = sent;
+      answer({ code: 200, value: { allocated: ['hyperty://fake/a'] } });
+    } else if (msg.body.seq === 0) {
+      // The warm-up: the runtime knows its address by now.
+      for (const seq of [1, 2, 2]) bus.postMessage({ id: 'x', type: 'update',
+        from: 'hyperty://fake/z', to: 'hyperty://fake/a', body: { sender: 'Z', seq, t: 1 } });
+    } else if (msg.body.seq <= 7) {
+      acknowledged = sent;
+    }
+    if (msg.body?.seq === 5) answer({ code: 503, desc: 'homeserver down' });
+  });
+  return { name: 'Fake', instance };
+}
+"""
+
+
+async def test_the_runtime_reports_acknowledged_prefix_refusals_and_arrivals(
+    tmp_path: Path,
+) -> None:
+    fake = tmp_path / "fake-stub.mjs"
+    fake.write_text(FAKE_STUB)
+    spec = {
+        "name": "A",
+        "role": "sender",
+        "domain": "fake",
+        "url": "ws://127.0.0.1:9/stub/connect",
+        "tag": "t",
+        "count": 10,
+        "rate": 1000,
+        "stubModule": str(fake),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(ROOT / "bench" / "fault_runtime.mjs"),
+        json.dumps(spec),
+        cwd=ROOT / "bench",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    lines: list[Any] = []
+
+    async def until(predicate: Any) -> Any:
+        while True:
+            raw = await asyncio.wait_for(proc.stdout.readline(), 10)  # type: ignore[union-attr]
+            assert raw, (lines, (await proc.stderr.read()).decode())  # type: ignore[union-attr]
+            lines.append(json.loads(raw))
+            if predicate(lines[-1]):
+                return lines[-1]
+
+    ready = await until(lambda v: isinstance(v, dict) and v.get("ev") == "ready")
+    assert ready["address"] == "hyperty://fake/a"
+    for command in (
+        {"cmd": "warmup", "targets": ["hyperty://fake/b"]},
+        {"cmd": "go", "targets": ["hyperty://fake/b"]},
+    ):
+        proc.stdin.write((json.dumps(command) + "\n").encode())
+    await until(lambda v: isinstance(v, dict) and v.get("ev") == "sent")
+    proc.stdin.write(b'{"cmd": "final"}\n')
+    final = await until(lambda v: isinstance(v, dict) and v.get("ev") == "final")
+    await asyncio.wait_for(proc.wait(), 10)
+
+    assert final["attempted"] == 10
+    assert final["ack_source"].startswith("stub:")
+    # Handed: the allocation, the warm-up, then 1..10; acknowledged through number 7.
+    assert (final["handed_before_stream"], final["acked_through"]) == (2, 7)
+    assert final["refused"] == {"503": [5]}
+    arrivals = [v for v in lines if isinstance(v, list)]
+    assert [(a[1], a[2], a[4]) for a in arrivals] == [("Z", 1, 1), ("Z", 2, 1), ("Z", 2, 1)]
+
+
+# -- the quick run against the real node --------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+async def test_quick_fault_suite(database: str, tmp_path: Path, synapse_python: Path) -> None:
+    for folder in ("stub_js", "bench"):
+        if not (ROOT / folder / "node_modules" / "ws").exists():
+            pytest.fail(f"{folder} dependencies missing: run `npm ci` in {folder}")
+    if database == "postgresql" and (why := await postgres_reachable()):
+        pytest.skip(f"PostgreSQL not reachable ({why}); the PostgreSQL fault run is skipped")
+    out = tmp_path / "faults.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "bench/faults.py",
+        "--quick",
+        "--database",
+        database,
+        "--recovery-limit",
+        str(RECOVERY_LIMIT_S),
+        "--out",
+        str(out),
+        "--work-root",
+        str(tmp_path),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output_bytes, _ = await asyncio.wait_for(proc.communicate(), 840)
+    output = output_bytes.decode(errors="replace")
+    # 0: all clean, 1: the node lost, duplicated or reordered something. Anything else is the
+    # harness failing, which must not pass for a verdict on the node.
+    assert proc.returncode in (0, 1), output[-6000:]
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert [r["scenario"] for r in results] == ["network", "node-sigkill", "synapse-sigterm"]
+
+    problems = []
+    for r in results:
+        name = f"{r['scenario']} on {r['database']}"
+        # The run must be a valid observation before its counts mean anything.
+        assert not r.get("error"), f"{name}: {r['error']}\n{r.get('node_log_tail')}"
+        assert r["drained"], f"{name}: deliveries still growing at the drain cap"
+        c = r["counts"]
+        assert c["attempted"] == 600 and c["acknowledged"] > 0, (name, c)
+        assert r["faults"] and all(f["effective"] for f in r["faults"]), (name, r["faults"])
+        for key in ("lost", "duplicated", "reordered", "unexpected"):
+            if c[key]:
+                sample = "; ".join(c[f"{key}_sample"])
+                problems.append(f"{name}: {key} {c[key]} of {c['attempted']} ({sample})")
+        for f in r["faults"]:
+            what = f"{name}: {f['kind']} {f['signal'] or ''} at {f['start']}s".rstrip()
+            if f["recovery_s"] is None and f["outstanding_at_end"]:
+                problems.append(f"{what}: delivery never resumed")
+            elif f["recovery_s"] is not None and f["recovery_s"] > RECOVERY_LIMIT_S:
+                problems.append(f"{what}: delivery resumed only after {f['recovery_s']}s")
+    assert not problems, "\n".join(problems)
