@@ -4,6 +4,7 @@
     .venv/bin/python bench/faults.py --database postgresql
     .venv/bin/python bench/faults.py --quick               # network, node-sigkill, synapse-sigterm
     .venv/bin/python bench/faults.py --scenario node-sigkill,monkey --seed 7
+    .venv/bin/python bench/faults.py --stub plain          # what a third-party stub's runtime gets
 
 Every scenario runs on a fresh stack of real processes: Synapse (its own data dir), the node
 (``rethink-mn run``, generated config, fresh database), and a TCP proxy (in this process) in
@@ -445,6 +446,7 @@ async def run_scenario(
             "url": stack.stub_url,
             "tag": secrets.token_hex(3),
             "reconnect": {"initialDelay": 500, "maxDelay": args.stub_max_delay_ms},
+            "plain": args.stub == "plain",
         }
         by_name: dict[str, Runtime] = {}
 
@@ -943,7 +945,7 @@ async def main(args: argparse.Namespace) -> int:
     synapse_python = await asyncio.to_thread(ensure_synapse_installed, None, console.print)
     console.print(
         f"scenarios {', '.join(scenarios)} on {', '.join(args.database)}"
-        f"{' (quick)' if args.quick else ''}; seed {seed}"
+        f"{' (quick)' if args.quick else ''}; {args.stub} stubs; seed {seed}"
     )
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results = []
@@ -962,6 +964,7 @@ async def main(args: argparse.Namespace) -> int:
                 "command": " ".join(sys.argv),
                 "seed": seed,
                 "quick": args.quick,
+                "stub": args.stub,
                 "plan": dataclasses.asdict(plan),
                 "recovery_limit_s": args.recovery_limit,
                 "machine": {
@@ -1007,6 +1010,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2000,
         help="the stubs' reconnect.maxDelay (the stub's default is 30000: a recovery time would "
         "then measure the stub's back-off, not the node)",
+    )
+    parser.add_argument(
+        "--stub",
+        choices=("acknowledged", "plain"),
+        default="acknowledged",
+        help="the runtimes' protocol: the bundled stub's acknowledged one (default), or plain, as "
+        "a third-party stub speaks it (every message handed to the stub counts as acknowledged: "
+        "what such a stub's runtime loses is counted as lost)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work dirs of clean runs")
     parser.add_argument(

@@ -16,6 +16,8 @@ import pytest
 
 from adapter.localstack.synapse import free_port
 
+from ..support.runtime import PyRuntime
+
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
 
@@ -29,17 +31,25 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-async def test_up_runs_synapse_and_node_then_stops_cleanly(
-    synapse_python: Path, tmp_path: Path
-) -> None:
-    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
-    (tmp_path / "config.yaml").write_text(
-        f"homeserver:\n  url: http://127.0.0.1:{hs_port}\n"
-        f"appservice:\n  as_token: up-test-as-token-000000\n  hs_token: up-test-hs-token-000000\n"
-        f"  listen:\n    port: {as_port}\n"
-        f"stub:\n  listen:\n    port: {stub_port}\n"
-        "database:\n  url: sqlite:///var/node.db\n"
-    )
+async def _ping_through(stub_port: int, tag: str) -> None:
+    """Two runtimes with the bundled stub's protocol, one ping from one to the other."""
+    url = f"ws://127.0.0.1:{stub_port}/stub/connect"
+    alice = await PyRuntime(url, f"runtime://localhost/{tag}-a", acked=True).connect()
+    bob = await PyRuntime(url, f"runtime://localhost/{tag}-b", acked=True).connect()
+    try:
+        [a] = await alice.allocate("localhost")
+        [b] = await bob.allocate("localhost")
+        await alice.send({"id": 1, "type": "ping", "from": a, "to": b, "body": {"tag": tag}})
+        got = await bob.receive(timeout=30)
+        assert got["from"] == a and got["body"] == {"tag": tag}
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+async def _run_up_once(tmp_path: Path, as_port: int, stub_port: int, stop: signal.Signals) -> None:
+    """`up` in ``tmp_path`` until healthy, a ping routed through it, then ``stop``: a clean
+    exit with Synapse gone."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "adapter.cli", "up"],
         cwd=tmp_path,
@@ -63,15 +73,33 @@ async def test_up_runs_synapse_and_node_then_stops_cleanly(
         assert report is not None, f"no healthy node; exit={proc.poll()}"
         assert report["checks"]["homeserver"]["ok"] and report["checks"]["database"]["ok"]
         assert (tmp_path / "var/registration.yaml").exists()
+        await _ping_through(stub_port, stop.name.lower())
     finally:
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        proc.send_signal(stop)
+        output, _ = await asyncio.to_thread(proc.communicate, timeout=60)
     assert proc.returncode == 0, output
     match = re.search(r"Synapse is up \(pid (\d+)\)", output)
     assert match, output
     synapse_pid = int(match.group(1))
     assert f"ws://127.0.0.1:{stub_port}/stub/connect" in output
     assert not _alive(synapse_pid), "Synapse outlived `up`"
+
+
+async def test_up_runs_routes_and_stops_cleanly_and_again_after_ctrl_c(
+    synapse_python: Path, tmp_path: Path
+) -> None:
+    """The day-one path: `make up`, use it, Ctrl-C, `make up` again, use it again. (After a
+    restart Synapse on SQLite reuses appservice transaction ids; routing once stalled here.)"""
+    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
+    (tmp_path / "config.yaml").write_text(
+        f"homeserver:\n  url: http://127.0.0.1:{hs_port}\n"
+        f"appservice:\n  as_token: up-test-as-token-000000\n  hs_token: up-test-hs-token-000000\n"
+        f"  listen:\n    port: {as_port}\n"
+        f"stub:\n  listen:\n    port: {stub_port}\n"
+        "database:\n  url: sqlite:///var/node.db\n"
+    )
+    await _run_up_once(tmp_path, as_port, stub_port, signal.SIGINT)
+    await _run_up_once(tmp_path, as_port, stub_port, signal.SIGTERM)
 
 
 async def test_up_refuses_a_remote_homeserver(tmp_path: Path) -> None:
