@@ -44,12 +44,14 @@ class AssertionCheck:
 
 
 def check_assertion(body: Mapping[str, Any], verified: Identity | None) -> AssertionCheck:
+    if "identity" not in body and "idToken" not in body:
+        return _ABSENT
     try:
         asserted, idp = _asserted(body)
     except _Malformed as exc:
         return AssertionCheck("mismatch", str(exc))
     if not asserted:
-        return AssertionCheck("absent", "the message asserts no user identity")
+        return _ABSENT
     names = tuple(asserted)
     if verified is None or not verified.authenticated:
         return AssertionCheck(
@@ -76,6 +78,9 @@ def check_assertion(body: Mapping[str, Any], verified: Identity | None) -> Asser
 
 class _Malformed(Exception):
     pass
+
+
+_ABSENT = AssertionCheck("absent", "the message asserts no user identity")
 
 
 def _asserted(body: Mapping[str, Any]) -> tuple[list[str], str | None]:

@@ -36,6 +36,10 @@ class Delivery:
         self._sessions = sessions
         self._journal = journal
         self._metrics = metrics
+        # Bound once: they count every message.
+        self._live = metrics.messages_out.labels("live")
+        self._queued = metrics.messages_out.labels("queued")
+        self._events_delivered = metrics.matrix_events_in.labels("delivered")
         # Per origin, the highest message number routed so far (restored from the settled
         # marks at start, then kept up to date here).
         self.marks = marks
@@ -74,7 +78,7 @@ class Delivery:
             ticket.sealed = True
             if ticket.event_id is not None:
                 self._journal.receipt(ticket.event_id, delivered)
-        self._metrics.matrix_events_in.labels("delivered").inc()
+        self._events_delivered.inc()
         if arrived is not None:
             self._metrics.route_seconds.observe(time.monotonic() - arrived)
 
@@ -102,7 +106,7 @@ class Delivery:
             else:
                 queued += 1
         if live:
-            self._metrics.messages_out.labels("live").inc(live)
+            self._live.inc(live)
         if queued:
-            self._metrics.messages_out.labels("queued").inc(queued)
+            self._queued.inc(queued)
         return live + queued

@@ -57,6 +57,10 @@ from .policy import PolicyEngine
 log = structlog.get_logger(__name__)
 
 
+# The schemes of every address a service of the node has.
+_SERVICE_SCHEMES = ("domain://", "global://")
+
+
 class ServiceDirectory:
     """Which MN service an address belongs to, if any."""
 
@@ -83,6 +87,9 @@ class ServiceDirectory:
         self._unknown = unknown
 
     def lookup(self, address: str) -> MnService | None:
+        # Asked of every message: most are to hyperty:// or other runtime addresses.
+        if not address.startswith(_SERVICE_SCHEMES):
+            return None
         if address.startswith(self._msg_node):
             return self._endpoints.get(address[len(self._msg_node) :].strip("/"), self._unknown)
         if is_service_address(address, self._registry):
@@ -118,6 +125,7 @@ class Ingress:
         self._policy = policy
         self._routed_through = routed_through
         self._metrics = metrics
+        self._routed = metrics.messages_in.labels("routed")  # bound once: every message
         self._quotas = quotas
         # Bytes kept for a session that is away or slow (its mailbox).
         self._waiting_bytes = waiting_bytes
@@ -235,7 +243,7 @@ class Ingress:
         parts = [len(outboxes)] if len(outboxes) > 1 else None
         for outbox in outboxes:
             outbox.push(Outgoing(routed, session.id, upstream, pending, parts=parts))
-        self._metrics.messages_in.labels("routed").inc()
+        self._routed.inc()
         return True
 
     def _remote_domains(

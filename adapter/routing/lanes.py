@@ -234,6 +234,8 @@ class Lanes:
         return iter(self._lanes)
 
     def for_session(self, session: Session) -> Lane:
+        if len(self._lanes) == 1:
+            return self._lanes[0]
         # The key is random hex: its value spreads sessions evenly over the lanes, and it never
         # changes, so a session's messages stay in one room, in order.
         return self._lanes[int(session.key, 16) % len(self._lanes)]
