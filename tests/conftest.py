@@ -85,21 +85,8 @@ async def homeserver(
 ) -> AsyncIterator[Homeserver]:
     data_dir = tmp_path_factory.mktemp("synapse")
     as_port = free_port()
-    as_token, hs_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     registration = data_dir / "registration.yaml"
-    YAML().dump(
-        build_registration(
-            appservice_id=APPSERVICE_ID,
-            url=f"http://127.0.0.1:{as_port}",
-            as_token=as_token,
-            hs_token=hs_token,
-            sender_localpart="_rethink_bot",
-            user_prefix="_rethink_",
-            alias_prefix="_rethink_",
-            server_name=SERVER_NAME,
-        ),
-        registration,
-    )
+    as_token, hs_token = _write_registration(registration, as_port, SERVER_NAME)
     settings = SynapseSettings(
         data_dir=data_dir, server_name=SERVER_NAME, port=free_port(), registration_file=registration
     )
@@ -208,6 +195,12 @@ class Databases:
 
     def sqlite(self) -> str:
         return f"sqlite:///{self.tmp / f'node-{uuid.uuid4().hex[:8]}.db'}"
+
+    async def migrated_sqlite(self) -> str:
+        """A fresh SQLite database with the node's schema."""
+        url = self.sqlite()
+        await migrate.upgrade(url)
+        return url
 
     async def postgres(self) -> str:
         """A fresh, empty PostgreSQL database (dropped after the test)."""

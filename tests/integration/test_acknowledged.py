@@ -9,24 +9,13 @@ from typing import Any
 
 import pytest
 
-from adapter.storage import migrate
 from adapter.storage.pending import PendingStore
 
 from ..conftest import Databases, Homeserver, NodeFactory
-from ..support.runtime import PyRuntime
+from ..support.runtime import PyRuntime, stub_url
 
 pytestmark = [pytest.mark.integration]
 D = "mn.test"
-
-
-def stub_url(node: Any) -> str:
-    return f"ws://127.0.0.1:{node.stub_port}/stub/connect"
-
-
-async def fresh(databases: Databases) -> str:
-    url = databases.sqlite()
-    await migrate.upgrade(url)
-    return url
 
 
 def update(i: int, frm: str, to: str) -> dict[str, Any]:
@@ -40,7 +29,7 @@ async def numbers(rt: PyRuntime, n: int, timeout: float = 30) -> list[int]:
 async def test_numbered_messages_are_acknowledged_cumulatively_and_delivered_numbered(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/ack-a", acked=True).connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/ack-b", acked=True).connect()
     try:
@@ -75,7 +64,7 @@ async def test_numbered_messages_are_acknowledged_cumulatively_and_delivered_num
 async def test_a_receiver_that_drops_gets_exactly_what_it_missed(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/drop-a", acked=True).connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/drop-b", acked=True).connect()
     try:
@@ -102,7 +91,7 @@ async def test_a_receiver_that_drops_gets_exactly_what_it_missed(
 async def test_a_sender_resends_what_was_not_acknowledged_and_nothing_is_routed_twice(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/resend-a", acked=True).connect()
     # A plain receiver has no duplicate filter: anything routed twice would reach it twice.
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/resend-b").connect()
@@ -130,7 +119,7 @@ async def test_a_sender_resends_what_was_not_acknowledged_and_nothing_is_routed_
 async def test_a_graceful_restart_of_the_node_loses_nothing_and_routes_nothing_twice(
     start_node: NodeFactory, databases: Databases, receiver_acks: bool
 ) -> None:
-    url = await fresh(databases)
+    url = await databases.migrated_sqlite()
     node = await start_node(url)
     alice = PyRuntime(stub_url(node), f"runtime://{D}/grace-a", acked=True)
     bob = PyRuntime(stub_url(node), f"runtime://{D}/grace-b", acked=receiver_acks)
@@ -171,7 +160,7 @@ async def test_a_request_answered_just_before_a_graceful_stop_is_not_executed_ag
 ) -> None:
     """The stop waits for the frame being decided and still takes the stubs' acknowledgements,
     so the answered request's acknowledgement reaches its stub before the socket closes."""
-    url = await fresh(databases)
+    url = await databases.migrated_sqlite()
     node = await start_node(url)
     rt = PyRuntime(stub_url(node), f"runtime://{D}/last-word", acked=True)
     await rt.connect()
@@ -191,7 +180,7 @@ async def test_a_request_answered_just_before_a_graceful_stop_is_not_executed_ag
 async def test_homeserver_restart_mid_stream_loses_nothing(
     homeserver: Homeserver, start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/hsr-a", acked=True).connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/hsr-b", acked=True).connect()
     try:

@@ -13,17 +13,13 @@ from yarl import URL
 from adapter.storage import migrate
 
 from ..conftest import Databases, NodeFactory
-from ..support.runtime import PyRuntime
+from ..support.runtime import PyRuntime, stub_url
 
 pytestmark = [pytest.mark.integration]
 D = "mn.test"
 REGISTRY = f"domain://registry.{D}/"
 SM = f"domain://msg-node.{D}/sm"
 USER = f"user://{D}/alice"
-
-
-def stub_url(node: Any) -> str:
-    return f"ws://127.0.0.1:{node.stub_port}/stub/connect"
 
 
 async def register(rt: PyRuntime, url: str, resources: list[str]) -> dict[str, Any]:

@@ -11,24 +11,13 @@ import orjson
 import pytest
 
 from adapter import carrier
-from adapter.storage import migrate
 
 from ..conftest import Databases, Homeserver, NodeFactory
-from ..support.runtime import PyRuntime
+from ..support.runtime import PyRuntime, stub_url
 
 pytestmark = [pytest.mark.integration]
 D = "mn.test"
 MN = f"domain://msg-node.{D}"
-
-
-def stub_url(node: Any) -> str:
-    return f"ws://127.0.0.1:{node.stub_port}/stub/connect"
-
-
-async def fresh_sqlite(databases: Databases) -> str:
-    url = databases.sqlite()
-    await migrate.upgrade(url)
-    return url
 
 
 async def test_restart_between_allocation_and_messaging_still_routes(
@@ -58,7 +47,7 @@ async def test_restart_between_allocation_and_messaging_still_routes(
 async def test_detached_runtime_gets_everything_in_order_on_reconnect(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     sender = await PyRuntime(stub_url(node), f"runtime://{D}/q-sender").connect()
     receiver = await PyRuntime(stub_url(node), f"runtime://{D}/q-receiver").connect()
     [s] = await sender.allocate(D)
@@ -93,7 +82,7 @@ async def test_detached_runtime_gets_everything_in_order_on_reconnect(
 async def test_messages_are_room_events_readable_with_a_matrix_client(
     homeserver: Homeserver, start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/m-alice").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/m-bob").connect()
     try:
@@ -139,7 +128,7 @@ async def test_messages_are_room_events_readable_with_a_matrix_client(
 
 
 async def test_any_json_round_trips_exactly(start_node: NodeFactory, databases: Databases) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/j-alice").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/j-bob").connect()
     try:
@@ -169,7 +158,9 @@ async def test_any_json_round_trips_exactly(start_node: NodeFactory, databases: 
 async def test_large_messages_travel_through_the_media_repository(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh_sqlite(databases), **{"stub.max_frame_bytes": 512 * 1024})
+    node = await start_node(
+        await databases.migrated_sqlite(), **{"stub.max_frame_bytes": 512 * 1024}
+    )
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/big-alice").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/big-bob").connect()
     try:
@@ -201,7 +192,7 @@ async def test_large_messages_travel_through_the_media_repository(
 async def test_bad_input_is_answered_and_harms_no_one(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     bad = await PyRuntime(stub_url(node), f"runtime://{D}/bad").connect()
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/b-alice").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/b-bob").connect()
@@ -258,7 +249,7 @@ async def test_bad_input_is_answered_and_harms_no_one(
 async def test_second_connection_replaces_the_first(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     first = await PyRuntime(stub_url(node), f"runtime://{D}/twice").connect(handshake="v1")
     peer = await PyRuntime(stub_url(node), f"runtime://{D}/twice-peer").connect()
     try:
@@ -284,7 +275,7 @@ async def test_second_connection_replaces_the_first(
 
 
 async def test_session_tokens(start_node: NodeFactory, databases: Databases) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     rt = await PyRuntime(stub_url(node), f"runtime://{D}/tok").connect(handshake="v1")
     assert rt.connect_answer is not None
     token = rt.connect_answer["data"]["token"]
@@ -312,7 +303,7 @@ async def test_session_tokens(start_node: NodeFactory, databases: Databases) -> 
 async def test_to_as_an_array_reaches_each_destination(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     rts = [await PyRuntime(stub_url(node), f"runtime://{D}/arr-{i}").connect() for i in range(3)]
     try:
         addresses = [(await rt.allocate(D))[0] for rt in rts]
@@ -328,7 +319,7 @@ async def test_to_as_an_array_reaches_each_destination(
 
 async def test_batching_is_adaptive(start_node: NodeFactory, databases: Databases) -> None:
     """A lone message is sent at once in an event of its own; a burst shares few events."""
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/burst-a").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/burst-b").connect()
     events = node.metrics.matrix_events_out
@@ -368,7 +359,7 @@ async def test_routing_continues_after_the_homeserver_restarts(
 ) -> None:
     """Synapse reuses appservice transaction ids after a restart; the node must not take the
     new transactions for retries of old ones (it did, and routing stalled for good)."""
-    node = await start_node(await fresh_sqlite(databases))
+    node = await start_node(await databases.migrated_sqlite())
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/hs-restart-a").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/hs-restart-b").connect()
     try:

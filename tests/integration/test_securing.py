@@ -5,18 +5,15 @@ accounts and OpenID Connect), identity assertion, the IdM connector and the poli
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
-from adapter.storage import migrate
-
 from ..conftest import Databases, Homeserver, NodeFactory
 from ..support.fake_idp import AUDIENCE, FakeIdp, idp, rsa_key
 from ..support.matrix_users import MatrixUser, login, register_user
-from ..support.runtime import PyRuntime
+from ..support.runtime import PyRuntime, stub_url
 
 __all__ = ["idp"]  # the fixture, used by name
 
@@ -25,16 +22,6 @@ D = "mn.test"
 MN = f"domain://msg-node.{D}"
 IDM = f"domain://idm.{D}"
 POLICY_TOKEN = "policy-token-for-the-tests"
-
-
-def stub_url(node: Any) -> str:
-    return f"ws://127.0.0.1:{node.stub_port}/stub/connect"
-
-
-async def fresh(databases: Databases) -> str:
-    url = databases.sqlite()
-    await migrate.upgrade(url)
-    return url
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -46,7 +33,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 async def test_a_session_handed_a_token_cannot_be_taken(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases))
+    node = await start_node(await databases.migrated_sqlite())
     victim = await PyRuntime(stub_url(node), f"runtime://{D}/victim", acked=True).connect()
     peer = await PyRuntime(stub_url(node), f"runtime://{D}/peer").connect()
     try:
@@ -77,7 +64,9 @@ async def test_a_session_handed_a_token_cannot_be_taken(
 async def test_tokenless_stubs_are_the_operators_choice(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases), **{"stub.tokenless_sessions": "refuse"})
+    node = await start_node(
+        await databases.migrated_sqlite(), **{"stub.tokenless_sessions": "refuse"}
+    )
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await PyRuntime(stub_url(node), f"runtime://{D}/tokenless").connect("v2")
     assert refused.value.status == 401
@@ -91,7 +80,7 @@ async def test_tokenless_stubs_are_the_operators_choice(
 async def test_nobody_acts_for_another_runtime_or_for_the_node(
     start_node: NodeFactory, databases: Databases
 ) -> None:
-    node = await start_node(await fresh(databases), **{"quotas.addresses": 5})
+    node = await start_node(await databases.migrated_sqlite(), **{"quotas.addresses": 5})
     reporter = await PyRuntime(stub_url(node), f"runtime://{D}/sec-reporter").connect()
     observer = await PyRuntime(stub_url(node), f"runtime://{D}/sec-observer").connect()
     mallory = await PyRuntime(stub_url(node), f"runtime://{D}/sec-mallory").connect()
@@ -146,7 +135,7 @@ async def test_matrix_accounts_authenticate_runtimes_and_their_messages(
 ) -> None:
     alice_user = await register_user(http, homeserver, "sec_alice")
     bob_user = await register_user(http, homeserver, "sec_bob")
-    node = await start_node(await fresh(databases), **{"auth.mode": "matrix"})
+    node = await start_node(await databases.migrated_sqlite(), **{"auth.mode": "matrix"})
 
     def runtime(name: str) -> PyRuntime:
         return PyRuntime(stub_url(node), f"runtime://{D}/{name}", acked=True)
@@ -219,7 +208,7 @@ async def test_openid_connect_id_tokens(
     key = rsa_key()
     idp.publish("k1", key)
     node = await start_node(
-        await fresh(databases),
+        await databases.migrated_sqlite(),
         **{"auth.mode": "oidc", "auth.oidc": {"issuer": idp.url, "audience": AUDIENCE}},
     )
 
@@ -240,7 +229,7 @@ async def test_openid_connect_id_tokens(
 async def test_a_policy_rule_added_over_the_api_applies_to_the_next_message(
     start_node: NodeFactory, databases: Databases, http: aiohttp.ClientSession
 ) -> None:
-    node = await start_node(await fresh(databases), **{"policy_api.token": POLICY_TOKEN})
+    node = await start_node(await databases.migrated_sqlite(), **{"policy_api.token": POLICY_TOKEN})
     alice = await PyRuntime(stub_url(node), f"runtime://{D}/pol-alice").connect()
     bob = await PyRuntime(stub_url(node), f"runtime://{D}/pol-bob").connect()
     api = f"http://127.0.0.1:{node.appservice_port}/_rethink/policy/rules"

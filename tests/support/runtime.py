@@ -11,6 +11,11 @@ import aiohttp
 import orjson
 
 
+def stub_url(node: Any) -> str:
+    """Where a node started by the tests takes stub connections."""
+    return f"ws://127.0.0.1:{node.stub_port}/stub/connect"
+
+
 class PyRuntime:
     """Connects like a stub (v2 handshake by default), sends reTHINK messages and collects what
     the node delivers. ``requests`` answers the node's MN services return.
