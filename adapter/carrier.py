@@ -13,6 +13,7 @@ read, for the export.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,11 @@ JOURNAL_FORMAT = 1
 FRAMES = "rethink-frames-2"  # media encoding of lane batches
 LEGACY_FRAMES = "rethink-frames-1"
 JSON = "json"  # media encoding of journal batches: a JSON array
+
+# Matrix's canonical JSON holds integers only within ±(2^53 - 1): the homeserver refuses an
+# event with a larger one. Every number the node writes into an event (sequence numbers, event
+# numbers) is kept within 1 … this, and so is every number it reads back.
+MAX_NUMBER = 2**53 - 1
 
 # A PDU must stay under 65,536 bytes; the homeserver adds the envelope (ids, hashes, signature,
 # auth and prev events: ~1.5 kB). Content up to this size always fits.
@@ -231,6 +237,12 @@ def _to(raw: Any) -> tuple[str, ...]:
     return addresses(parsed)
 
 
+# What a sender entry may hold: an origin is a session key and a stub instance (or the node's
+# own), the rest are addresses and Matrix ids.
+_ORIGIN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+MAX_SENDER_FIELD = 1024
+
+
 def _senders(raw: Any) -> list[Sender]:
     if not isinstance(raw, list):
         raise CarrierError("a lane batch without its sender table")
@@ -239,11 +251,21 @@ def _senders(raw: Any) -> list[Sender]:
         if not (
             isinstance(entry, list)
             and len(entry) in (3, 4)
-            and all(isinstance(e, str) for e in entry)
+            and all(isinstance(e, str) and len(e) <= MAX_SENDER_FIELD for e in entry)
+            and _ORIGIN.fullmatch(entry[0])
         ):
-            raise CarrierError("a sender entry must be [origin, runtime, user(, identity)]")
+            raise CarrierError(
+                "a sender entry must be [origin, runtime, user(, identity)]: an origin of 1-64 "
+                "characters A-Z a-z 0-9 . _ -, fields of at most 1024 characters"
+            )
         senders.append(Sender(*entry))
     return senders
+
+
+def _oseq(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_NUMBER:
+        raise CarrierError(f"a message's sequence number must be an integer 1 … {MAX_NUMBER}")
+    return value
 
 
 def _sender(senders: list[Sender], index: Any) -> Sender:
@@ -265,16 +287,14 @@ async def decode_batch(content: Any, fetch: MediaFetcher) -> list[Routed]:
             if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], str)):
                 raise CarrierError("a message must be [sender, oseq, to, text]")
             sender, oseq, to, text = item
-            if not isinstance(oseq, int):
-                raise CarrierError("a message's sequence number must be an integer")
-            found.append(Routed(text, _to(to), _sender(senders, sender), oseq))
+            found.append(Routed(text, _to(to), _sender(senders, sender), _oseq(oseq)))
         return found
     encoding, blob = await _media(content, fetch)
     if encoding != FRAMES:
         raise CarrierError(f"unknown media encoding {encoding!r}")
     senders, frames = _sender_table(blob)
     for (sender, oseq), to, text in _unframe(frames, 4):
-        found.append(Routed(text, _to(to), _sender(senders, sender), oseq))
+        found.append(Routed(text, _to(to), _sender(senders, sender), _oseq(oseq)))
     return found
 
 

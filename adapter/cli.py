@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -16,8 +17,12 @@ import uvloop
 from rich.console import Console
 
 from .config import ConfigError, NodeConfig, load_config
+from .private_files import PRIVATE_UMASK
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 3
+# Commands whose output is meant to be shared (aggregates, a report page): they keep the caller's
+# umask. Every other command runs under PRIVATE_UMASK, see main().
+SHARED_OUTPUT_COMMANDS = frozenset({"analyze", "dashboard"})
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -110,6 +115,15 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    if args.command not in SHARED_OUTPUT_COMMANDS:
+        # Group and others get nothing of what this process creates. The writers of secrets
+        # create their files 0600 themselves; the umask covers what they do not write
+        # themselves: the node's SQLite database when SQLite creates it (its -wal/-shm/-journal
+        # files then take its mode), Synapse under `up` (a child inherits the umask: its own
+        # database, media, log, signing key), an export of the rooms' messages, and anything a
+        # library writes. One process-wide setting, made before any file is opened, leaves no
+        # writer to forget and no window between a create and a chmod.
+        os.umask(PRIVATE_UMASK)
     try:
         # uvloop: several times cheaper wake-ups between the loop and the database thread.
         return uvloop.run(_dispatch(args))
@@ -129,7 +143,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "db":
             return await _db(args, load_config(args.config))
         if args.command == "run":
-            return await _run(load_config(args.config))
+            return await _run(args.config, load_config(args.config))
         if args.command == "policy":
             from .policies import cli as policy_cli
 
@@ -265,12 +279,42 @@ async def _export(args: argparse.Namespace, config: NodeConfig) -> int:
     return EXIT_OK
 
 
-async def _run(config: NodeConfig) -> int:
+def _make_node_files_private(config_path: Path, config: NodeConfig) -> None:
+    """What `run` keeps secrets in, owner-only: the configuration (tokens), the SQLite database
+    (the session-signing secret) with its side files and, when the database is under it, the
+    default state directory `./var` with everything in it (as `up` makes it). New files are
+    created so; this tightens an install from before that, and logs what it changed."""
+    import structlog
+
+    from .private_files import describe, tighten_all, tighten_tree
+    from .storage.database import sqlite_files
+
+    log = structlog.get_logger("adapter.cli")
+    changed: list[Path] = []
+    problems: list[str] = []
+    database = sqlite_files(config.database.url)
+    state_dir = Path("var")
+    if database and database[0].resolve().is_relative_to(state_dir.resolve()):
+        changed, problems = tighten_tree(state_dir)
+    more, more_problems = tighten_all([config_path, *database])
+    changed += more
+    if changed:
+        log.warning(
+            "made files that other users could read owner-only",
+            count=len(changed),
+            paths=describe(changed),
+        )
+    for problem in problems + more_problems:
+        log.warning("could not make a file owner-only", problem=problem)
+
+
+async def _run(config_path: Path, config: NodeConfig) -> int:
     from .node import Node
     from .observability import configure_logging
     from .storage import migrate
 
     configure_logging(config.logging)
+    await asyncio.to_thread(_make_node_files_private, config_path, config)
     current = await migrate.current_revision(config.database.url)
     if current != migrate.head_revision():
         err.print(

@@ -129,6 +129,10 @@ class StubConfig(_Strict):
     # session over. `allow` accepts such stubs anyway; `refuse` answers them 401. Sessions that
     # were handed a token are protected either way (docs/stub-protocol.md).
     tokenless_sessions: Literal["allow", "refuse"] = "refuse"
+    # Web pages (their `Origin`, scheme://host[:port], or "*" for any) whose scripts may open
+    # stub connections. Unset: the node's own origin and pages served from loopback. Runtimes
+    # outside browsers send no Origin and are not affected.
+    allowed_origins: list[str] | None = None
 
 
 class OidcConfig(_Strict):
@@ -164,6 +168,12 @@ class PeerConfig(_Strict):
     server_name: str | None = None
     # Its node's appservice bot; null: @_rethink_bot:<server_name>.
     bot: str | None = None
+    # Identity providers (their domains) whose users that domain's node may vouch for, beside
+    # its own domain: a message it carries asserting anyone else arrives with
+    # `assertedIdentity: false`. Example: ["accounts.google.com", "gmail.com"].
+    identity_providers: list[str] = []
+    # Subscriptions that domain's runtimes may hold to this domain's streams, all together.
+    max_subscriptions: int = Field(default=100_000, ge=1)
 
     @field_validator("server_name")
     @classmethod

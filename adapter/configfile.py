@@ -12,6 +12,7 @@ from ruamel.yaml.comments import CommentedMap
 from appservice.registration import build_registration, new_token
 
 from .config import ENV_OVERRIDES, ConfigError, NodeConfig, parse_config
+from .private_files import FILE_MODE, write_private
 
 HEADER = (
     "reTHINK Message Node configuration, written by `rethink-mn generate-registration`.\n"
@@ -38,14 +39,10 @@ def _set(doc: CommentedMap, dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def write_atomically(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace ``path`` in one step; secrets are written readable by the owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+def write_atomically(path: Path, text: str, mode: int = FILE_MODE) -> None:
+    """Replace ``path`` in one step; secrets are written readable by the owner only, from the
+    moment the file exists (see `write_private`)."""
+    write_private(path, text, mode)
 
 
 def _dump(doc: Any) -> str:

@@ -31,7 +31,12 @@ KNOWN_TYPES = frozenset(
         "execute",
     }
 )
+# Bounds of a message's header (docs/stub-protocol.md, "Bounds"); the body is bounded by the
+# frame size and by the JSON parser's nesting limit (1024).
 MAX_ADDRESS_BYTES = 1024
+MAX_ID_BYTES = 1024
+MAX_TYPE_LENGTH = 64
+MAX_DESTINATIONS = 256
 
 
 class InvalidMessage(Exception):
@@ -92,13 +97,21 @@ def check_header(raw: str, obj: dict[str, Any]) -> Message:
         raise InvalidMessage(400, _field_problem("from", sender, "a non-empty address"), obj)
     if isinstance(msg_id, bool) or not isinstance(msg_id, str | int | float):
         raise InvalidMessage(400, _field_problem("id", msg_id, "a string or a number"), obj)
-    if not isinstance(msg_type, str) or not msg_type:
-        raise InvalidMessage(400, _field_problem("type", msg_type, "a non-empty string"), obj)
+    if isinstance(msg_id, str) and len(msg_id.encode()) > MAX_ID_BYTES:
+        raise InvalidMessage(400, f"'id' is longer than {MAX_ID_BYTES} bytes", obj)
+    if not isinstance(msg_type, str) or not msg_type or len(msg_type) > MAX_TYPE_LENGTH:
+        raise InvalidMessage(
+            400,
+            _field_problem("type", msg_type, f"a string of 1 … {MAX_TYPE_LENGTH} characters"),
+            obj,
+        )
     targets = addresses(to)
     if not targets or (isinstance(to, list) and len(targets) != len(to)):
         raise InvalidMessage(
             400, _field_problem("to", to, "an address or a non-empty list of addresses"), obj
         )
+    if len(targets) > MAX_DESTINATIONS:
+        raise InvalidMessage(400, f"'to' names more than {MAX_DESTINATIONS} addresses", obj)
     if any(not t or len(t.encode()) > MAX_ADDRESS_BYTES for t in targets):
         raise InvalidMessage(400, "'to' holds an empty or over-long address", obj)
     if body is None:
@@ -115,6 +128,18 @@ def addresses(to: Any) -> tuple[str, ...]:
     if isinstance(to, list):
         return tuple(t for t in to if isinstance(t, str))
     return ()
+
+
+# A data object's streams and a registration's status: what runtimes subscribe to
+# (DESIGN §10). ``<object>/children/<name>`` (also with the name left out) is a stream too.
+_STREAM_SUFFIXES = ("/changes", "/subscription", "/registration")
+
+
+def is_stream_address(address: str) -> bool:
+    """Whether ``address`` is a data-object stream or a registration-status address (any
+    runtime may subscribe to it), rather than the address of a runtime, a hyperty or an object
+    itself (only its holder receives what is sent there)."""
+    return address.endswith(_STREAM_SUFFIXES) or "/children/" in address
 
 
 _SERVICE_LABELS = frozenset({"msg-node", "registry", "idm"})

@@ -41,12 +41,14 @@ from .observability import HealthEndpoints, NodeMetrics
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
+from .routing.bounce import Bounce
 from .routing.delivery import Delivery
-from .routing.federation import Federation, PeerFeeds
+from .routing.federation import Federation
 from .routing.inbound import InboundEvents
 from .routing.ingress import Ingress, ServiceDirectory
 from .routing.journal import Journal
 from .routing.lanes import Lane, Lanes, Outboxes
+from .routing.peer_traffic import PeerFeeds
 from .routing.peers import Peers
 from .routing.policy import PolicyEngine
 from .routing.publisher import NODE_ORIGIN, Publisher
@@ -175,6 +177,7 @@ class Node:
         self.delivery = Delivery(
             self.table, self.sessions, self.journal, self.metrics, {}, cfg.quotas.waiting_bytes
         )
+        self._bounce = Bounce(self.sessions, self.journal)
         self.lanes: Lanes | None = None
         if outboxes is None:
             self.lanes = self._build_lanes()
@@ -191,6 +194,7 @@ class Node:
                 self.metrics,
                 self._stream_limits(),
                 self._traffic,
+                self._bounce.refused,
             )
         self.publisher = Publisher(
             self.outboxes,
@@ -223,6 +227,12 @@ class Node:
                 self.publisher,
                 self._connectors[0],
                 self.metrics,
+            )
+            # Before the table forgets them: the runtime's subscriptions in other domains end.
+            peer_feeds = self.peer_feeds
+            lifecycle.released.insert(
+                0,
+                lambda s: peer_feeds.runtime_left(s.runtime_url, self.table.subscriptions_of(s.id)),
             )
         self.ingress = Ingress(
             self.table,
@@ -293,6 +303,7 @@ class Node:
                     self.metrics,
                     self._stream_limits(),
                     self._traffic,
+                    self._bounce.refused,
                 )
                 for index in range(self.config.routing.lanes)
             ]
@@ -320,11 +331,20 @@ class Node:
                 cfg.quotas.subscriptions,
                 on_quota,
                 self.peer_feeds.subscription_changed if self.peer_feeds is not None else None,
+                lambda r, address: self.policy.check_subscription(
+                    r.runtime_url, r.identity, address
+                ),
+                self._is_foreign,
             ),
         )
         registry, global_registry, unknown = self._connectors
         services.set_connectors(registry, global_registry, IdmService(self._identity_of), unknown)
         return services
+
+    def _is_foreign(self, address: str) -> bool:
+        return (
+            self.federation is not None and self.federation.peers.remote_domain(address) is not None
+        )
 
     def _quota_refused(self, quota: str) -> None:
         self.metrics.quota_refusals.labels(quota).inc()
@@ -458,8 +478,8 @@ class Node:
             self.table.subscribe(session_id, [address])
         for address, session_id in await self.routes.learned():
             self.table.learn(session_id, address)
-        for address, domain in await self._remote_subscriptions.all():
-            self.table.subscribe_domain(domain, [address])
+        for address, domain, runtime in await self._remote_subscriptions.all():
+            self.table.subscribe_domain(domain, runtime, [address])
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -123,6 +123,21 @@ class NodeMetrics:
             ["where"],
             registry=registry,
         )
+        self.refused_items = Counter(
+            "rethink_mn_homeserver_refused_items_total",
+            "Items (messages, journal entries) the homeserver refused to carry for good, by "
+            "stream; each routed one was answered to its sender with an error.",
+            ["stream"],
+            registry=registry,
+        )
+        self.peer_events = Counter(
+            "rethink_mn_peer_events_total",
+            "Peer domains' events not handled in order, by what happened: not_held (beyond the "
+            "bounds of held events, read again later), lost (a gap never filled), skipped (could "
+            "not be handled), ignored (in a room the peer may not write).",
+            ["outcome"],
+            registry=registry,
+        )
         self.route_seconds = Histogram(
             "rethink_mn_route_seconds",
             "From a message's arrival at the node to its delivery to the destination stub.",

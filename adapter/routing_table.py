@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .envelope import is_stream_address
+
 
 @dataclass(frozen=True, slots=True)
 class Destinations:
@@ -37,7 +39,8 @@ class RoutingTable:
         self._subscribers: dict[str, set[int]] = {}  # address -> subscribed sessions
         self._learned: dict[str, int] = {}  # `from` seen on a session's connection -> session
         self._runtimes: dict[str, int] = {}  # runtimeURL -> session
-        self._remote: dict[str, set[str]] = {}  # address -> other domains subscribed to it
+        # stream address -> other domain -> its runtimes subscribed to it
+        self._remote: dict[str, dict[str, set[str]]] = {}
         self._by_session: dict[int, _SessionEntries] = {}
 
     # -- reading ------------------------------------------------------------------------------
@@ -71,38 +74,43 @@ class RoutingTable:
     def destinations(self, addresses: Iterable[str], sender: int | None) -> Destinations:
         """Every session a message to ``addresses`` goes to.
 
-        Subscribers of an exact address all get it; so does the address's owner. The sender gets
-        its own message back only if it subscribed to the address or owns it exactly."""
+        The holder of an address (allocated, learned, its runtime, or the nearest held parent)
+        gets it. Subscribers get it when the address is a data-object stream or a registration
+        status (``is_stream_address``), or when nobody holds it: a runtime never receives what
+        is sent to another runtime's own address, whenever it subscribed to it (DESIGN §10).
+        The sender gets its own message back only if it subscribed to the address or holds it
+        exactly. Other domains get only streams."""
         found: set[int] = set()
         owners: set[int] = set()
+        domains: set[str] = set()
         known = False
         for address in addresses:
             subscribers = self._subscribers.get(address)
-            if subscribers:
-                found.update(subscribers)
-                known = True
             exact = self._owner.get(address)
             if exact is None:
                 exact = self._learned.get(address)
+            holder = exact
+            if holder is None:
+                holder = self._runtimes.get(address)
+                if holder is None:
+                    holder = self._parent_owner(address)
+            if subscribers:
+                known = True
+                if holder is None or is_stream_address(address):
+                    found.update(subscribers)
+            if self._remote:
+                remote = self._remote.get(address)
+                if remote and is_stream_address(address):
+                    domains.update(remote)  # a domain is listed while any runtime holds it
+                    known = True
             if exact is not None:
                 owners.add(exact)
                 known = True
-                continue
-            parent = self._runtimes.get(address)
-            if parent is None:
-                parent = self._parent_owner(address)
-            if parent is not None:
+            elif holder is not None:
                 known = True
-                if parent != sender or (subscribers and sender in subscribers):
-                    owners.add(parent)
+                if holder != sender or (subscribers and sender in subscribers):
+                    owners.add(holder)
         found.update(owners)
-        domains: set[str] = set()
-        if self._remote:
-            for address in addresses:
-                remote = self._remote.get(address)
-                if remote:
-                    domains.update(remote)
-                    known = True
         return Destinations(frozenset(found), known, frozenset(owners), frozenset(domains))
 
     def allocated_owner(self, address: str) -> int | None:
@@ -196,18 +204,26 @@ class RoutingTable:
             if entry is not None:
                 entry.subscriptions.discard(address)
 
-    def subscribe_domain(self, domain: str, addresses: Iterable[str]) -> None:
-        """Another domain's node subscribed (for its runtimes) to ``addresses``."""
+    def subscribe_domain(self, domain: str, runtime: str, addresses: Iterable[str]) -> None:
+        """A runtime of another domain subscribed, through its node, to ``addresses``."""
         for address in addresses:
-            self._remote.setdefault(address, set()).add(domain)
+            self._remote.setdefault(address, {}).setdefault(domain, set()).add(runtime)
 
-    def unsubscribe_domain(self, domain: str, addresses: Iterable[str]) -> None:
-        for address in addresses:
+    def unsubscribe_domain(
+        self, domain: str, runtime: str, addresses: Iterable[str] | None = None
+    ) -> None:
+        """The runtime's subscriptions to ``addresses`` end (all of them when None)."""
+        targets = list(self._remote) if addresses is None else addresses
+        for address in targets:
             remote = self._remote.get(address)
-            if remote is not None:
-                remote.discard(domain)
-                if not remote:
-                    del self._remote[address]
+            runtimes = remote.get(domain) if remote is not None else None
+            if remote is None or runtimes is None:
+                continue
+            runtimes.discard(runtime)
+            if not runtimes:
+                del remote[domain]
+            if not remote:
+                del self._remote[address]
 
     def has_subscribers(self, address: str) -> bool:
         """Whether any local session subscribes to ``address``."""
@@ -215,12 +231,10 @@ class RoutingTable:
 
     def learn(self, session_id: int, address: str) -> bool:
         """Remember that ``address`` speaks through this session. Returns True when that is new
-        (the caller persists it). Allocated addresses are never re-learned: ownership wins."""
-        if address in self._owner or self._learned.get(address) == session_id:
+        (the caller persists it). An address allocated to, or learned by, a session is never
+        learned by another: it stays the first one's until that session is released."""
+        if address in self._owner or address in self._learned:
             return False
-        previous = self._learned.get(address)
-        if previous is not None and previous in self._by_session:
-            self._by_session[previous].learned.discard(address)
         self._learned[address] = session_id
         self._entry(session_id).learned.add(address)
         return True

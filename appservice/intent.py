@@ -200,6 +200,25 @@ class Intent:
         joined = parsed.get("joined") if isinstance(parsed, dict) else None
         return set(joined) if isinstance(joined, dict) else set()
 
+    async def state(self, room_id: str, event_type: str, state_key: str = "") -> dict[str, Any]:
+        """The content of one state event of a room."""
+        path = (
+            f"/_matrix/client/v3/rooms/{_quote(room_id)}/state/{_quote(event_type)}/"
+            f"{_quote(state_key)}"
+        )
+        parsed = await self._request("GET", path, "state")
+        return parsed if isinstance(parsed, dict) else {}
+
+    async def put_state(
+        self, room_id: str, event_type: str, content: dict[str, Any], state_key: str = ""
+    ) -> str:
+        path = (
+            f"/_matrix/client/v3/rooms/{_quote(room_id)}/state/{_quote(event_type)}/"
+            f"{_quote(state_key)}"
+        )
+        parsed = await self._request("PUT", path, "putState", json_body=content)
+        return str(parsed.get("event_id", "")) if isinstance(parsed, dict) else ""
+
     async def context(self, room_id: str, event_id: str) -> dict[str, Any] | None:
         """The event and pagination tokens around it (``end`` reads forward from just after
         it); None when the room has no such event."""

@@ -100,6 +100,8 @@ def parse_cell(text: str) -> Cell:
 
 
 Scenarios = Callable[[str, Any], Awaitable[None]]
+# Runs beside a cell: (stub URL, when the warm-up starts (epoch s), seconds) -> its report.
+Companion = Callable[[str, float, float], Awaitable[dict[str, Any]]]
 
 
 class StackLike(Protocol):
@@ -349,7 +351,11 @@ async def run_cell(
     log_dir: Path,
     say: Callable[[str], None],
     metrics_url: str | None = None,
+    test: str | None = None,
+    companion: Companion | None = None,
 ) -> None:
+    """``companion(url, start_at, seconds)``, when given, runs beside the crowd from the start
+    of its warm-up to the end of its window; what it returns goes into the row."""
     tag = f"{name}-{os.urandom(3).hex()}"
     async with Drivers(cell, url, domain, tag, log_dir) as drivers:
         roots = {**pids, **{f"driver{i}": p.pid for i, p in enumerate(drivers.procs)}}
@@ -371,6 +377,9 @@ async def run_cell(
         # Then the crowd: warm-up, measured window (CPU sampled at its edges), drain.
         run_at = time.time() + 0.5
         cpu = CpuWindow(roots)
+        beside = None
+        if companion is not None:
+            beside = asyncio.create_task(companion(url, run_at, cell.warmup + cell.duration))
         drivers.tell(f"run {int(run_at * 1000)}")
         await _sleep_until(run_at + cell.warmup)
         cpu.start()
@@ -379,6 +388,7 @@ async def run_cell(
         cpu.stop()
         counters_after = await node_counters(metrics_url)
         runs = await drivers.read("result", cell.drain + 120)
+        companion_result = await beside if beside is not None else None
 
     measured = sum(r["measured"] for r in runs)
     lost = sum(r["lost"] for r in runs)
@@ -392,8 +402,9 @@ async def run_cell(
     for r in runs:
         for code, count in r["sender_responses"].items():
             sender_responses[code] = sender_responses.get(code, 0) + count
+    extra = {} if companion_result is None else {"companion": companion_result}
     results.add(
-        cell.label,
+        test or cell.label,
         target=name,
         senders=cell.senders,
         rate=cell.rate,
@@ -429,6 +440,7 @@ async def run_cell(
         sender_errors=sender_responses,
         closed_by_node=sum(r["closed_by_node"] for r in runs),
         carrier=carrier_figures(counters_before, counters_after, window),
+        **extra,
     )
     if saturated or late:
         say(

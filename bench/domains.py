@@ -45,10 +45,10 @@ from typing import Any, Protocol
 from bare import BarePipeline
 from crowd import tree_cpu_seconds
 from databases import fresh_database
-from ruamel.yaml import YAML
 
 from adapter.localstack.federation import federating, server_name_for, start_homeservers
 from adapter.localstack.synapse import SynapseProcess, SynapseSettings, free_port
+from adapter.private_files import dump_private_yaml, private_dir
 from appservice.registration import build_registration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,8 +144,8 @@ class Domain:
 
     def write_registration(self) -> None:
         self.as_token, self.hs_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        YAML().dump(
+        private_dir(self.directory)
+        dump_private_yaml(
             build_registration(
                 appservice_id="rethink-mn",
                 url=f"http://127.0.0.1:{self.as_port}",
@@ -158,7 +158,7 @@ class Domain:
             ),
             self.registration,
         )
-        YAML().dump(self.bare.registration(), self.bare_registration)
+        dump_private_yaml(self.bare.registration(), self.bare_registration)
 
     def config(self, peer: Domain, db_url: str) -> dict[str, Any]:
         return {
@@ -223,7 +223,7 @@ async def _two_domains(
                 fresh_database(database, work, f"fed-{side.name.split('.')[0]}")
             )
             config = side.directory / "node.yaml"
-            YAML().dump(configure(side.config(peer, db_url)), config)
+            dump_private_yaml(configure(side.config(peer, db_url)), config)
             cli = [sys.executable, "-m", "adapter.cli", "-c", str(config)]
             await asyncio.to_thread(
                 subprocess.run, [*cli, "db", "upgrade"], cwd=ROOT, check=True, capture_output=True

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -32,6 +31,7 @@ from adapter.localstack.synapse import (  # noqa: E402
     free_port,
     write_homeserver_config,
 )
+from adapter.private_files import dump_private_yaml  # noqa: E402
 from appservice.registration import build_registration  # noqa: E402
 
 DOMAIN = "faults.local"
@@ -123,7 +123,7 @@ class Homeserver:
 
     def __init__(self, python: Path, work: Path, tokens: Tokens, node_as_port: int) -> None:
         registration = work / "registration.yaml"
-        YAML().dump(
+        dump_private_yaml(
             build_registration(
                 appservice_id="rethink-mn",
                 url=f"http://127.0.0.1:{node_as_port}",
@@ -190,7 +190,7 @@ class Homeserver:
 def write_node_config(
     path: Path, hs_url: str, as_port: int, stub_port: int, db_url: str, tokens: Tokens
 ) -> None:
-    YAML().dump(
+    dump_private_yaml(
         {
             "domain": DOMAIN,
             "homeserver": {"url": hs_url, "server_name": SERVER_NAME},

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import crowd  # noqa: E402
 import domains  # noqa: E402
+import hostile  # noqa: E402
 from bare import BarePipeline  # noqa: E402
 from databases import KINDS, fresh_database  # noqa: E402
 
@@ -54,6 +55,7 @@ from adapter.localstack.synapse import (  # noqa: E402
     free_port,
     write_homeserver_config,
 )
+from adapter.private_files import dump_private_yaml  # noqa: E402
 from appservice.registration import build_registration  # noqa: E402
 
 DOMAIN = "bench.local"
@@ -85,10 +87,20 @@ BARE_BASELINE = {
     "pub_10000_1000": "pub_10000_event",
 }
 GROUPS = frozenset(
-    {"latency", "publication", "messaging", "allocation", "memory", "bare", "crowd", "federation"}
+    {
+        "latency",
+        "publication",
+        "messaging",
+        "allocation",
+        "memory",
+        "bare",
+        "crowd",
+        "federation",
+        "hostile",
+    }
 )
 # Groups with their own stacks and reports (not the node / relay / bare phases).
-OWN_STACK = frozenset({"bare", "crowd", "federation"})
+OWN_STACK = frozenset({"bare", "crowd", "federation", "hostile"})
 
 
 @dataclass
@@ -200,7 +212,7 @@ def write_config(
     hs_token: str,
     journal: bool,
 ) -> None:
-    YAML().dump(
+    dump_private_yaml(
         _apply_settings(
             {
                 "domain": DOMAIN,
@@ -527,7 +539,9 @@ def print_tables(results: Results, checks: list[dict[str, Any]]) -> None:
     tests = dict.fromkeys(
         r["test"]
         for r in results.rows
-        if not crowd.is_crowd_row(r) and not domains.is_federation_row(r)
+        if not crowd.is_crowd_row(r)
+        and not domains.is_federation_row(r)
+        and not hostile.is_hostile_row(r)
     )
     for test in tests:
         cells = []
@@ -587,8 +601,7 @@ class Stack:
     synapses: dict[str, SynapseProcess] = field(default_factory=dict)  # by phase
 
     def register(self, bare: BarePipeline) -> None:
-        yaml = YAML()
-        yaml.dump(
+        dump_private_yaml(
             build_registration(
                 appservice_id="rethink-mn",
                 url=f"http://127.0.0.1:{self.node_as}",
@@ -601,7 +614,7 @@ class Stack:
             ),
             self.work / "node-registration.yaml",
         )
-        yaml.dump(bare.registration(), self.work / "bare-registration.yaml")
+        dump_private_yaml(bare.registration(), self.work / "bare-registration.yaml")
 
     @contextlib.asynccontextmanager
     async def homeserver(self, phase: str) -> AsyncIterator[str]:
@@ -748,6 +761,10 @@ async def main(args: argparse.Namespace) -> int:
             console.print,
             args.quick,
         )
+    if plan.runs("hostile"):
+        await hostile.run_group(
+            stack, launchers["node"], results, DOMAIN, work, console.print, args.quick
+        )
     if plan.runs("federation"):
         await domains.run_group(
             python,
@@ -762,12 +779,14 @@ async def main(args: argparse.Namespace) -> int:
         )
     results.machine["loadavg_at_end"] = os.getloadavg()
 
-    checks = summarize(results) if plan.only - {"crowd", "federation"} else []
+    checks = summarize(results) if plan.only - {"crowd", "federation", "hostile"} else []
     crowd_checks = crowd.checks(results.rows)
+    hostile_checks = hostile.checks(results.rows)
     federation_checks = domains.checks(results.rows)
     if checks:
         print_tables(results, checks)
     crowd.print_report(results.rows, crowd_checks, console)
+    hostile.print_report(results.rows, hostile_checks, console)
     domains.print_report(results.rows, federation_checks, console)
     out = args.out or ROOT / "bench" / "results" / f"bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -777,7 +796,7 @@ async def main(args: argparse.Namespace) -> int:
                 "started": results.started,
                 "machine": results.machine,
                 "rows": results.rows,
-                "checks": checks + crowd_checks + federation_checks,
+                "checks": checks + crowd_checks + hostile_checks + federation_checks,
             },
             indent=2,
         )

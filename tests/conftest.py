@@ -15,7 +15,6 @@ import psycopg
 import pytest
 import pytest_asyncio
 import uvloop
-from ruamel.yaml import YAML
 
 from adapter.config import NodeConfig, parse_config
 from adapter.localstack.federation import federating, server_name_for, start_homeservers
@@ -27,6 +26,7 @@ from adapter.localstack.synapse import (
     write_homeserver_config,
 )
 from adapter.node import Node
+from adapter.private_files import dump_private_yaml
 from adapter.storage import migrate
 from appservice.registration import build_registration
 
@@ -130,7 +130,7 @@ class Federation:
 
 def _write_registration(path: Path, as_port: int, server_name: str) -> tuple[str, str]:
     as_token, hs_token = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-    YAML().dump(
+    dump_private_yaml(
         build_registration(
             appservice_id=APPSERVICE_ID,
             url=f"http://127.0.0.1:{as_port}",

@@ -9,14 +9,17 @@ reTHINK runtimes put the user's identity into message bodies (dev-runtime-core
 * ``identity: "user://gmail.com/alice"`` — older runtimes, a bare user URL;
 * ``idToken: "<JWT>"`` — the IdP's token itself (its claims name the user).
 
-Every identifier asserted (user URL, username/e-mail, the token's e-mail or subject) must be a
-spelling of the session's verified identity, and an asserted IdP domain must be its IdP. The
-token's signature is not checked here: a claim is only accepted when it names the identity the
-node already verified for this session, so an unsigned claim proves nothing more than that.
+Every identifier asserted (user URL, username/e-mail, the token's subject and — only when its
+``email_verified`` is the boolean true — its e-mail) must be a spelling of the session's verified
+identity, and an asserted IdP domain must be its IdP. The token's signature is not checked here:
+a claim is only accepted when it names the identity the node already verified for this session,
+so an unsigned claim proves nothing more than that. An identity whose credential expired
+(``expires_at`` passed) backs no assertion.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,6 +59,13 @@ def check_assertion(body: Mapping[str, Any], verified: Identity | None) -> Asser
     if verified is None or not verified.authenticated:
         return AssertionCheck(
             "unverified", "the message asserts an identity the session has not proven", names
+        )
+    if verified.expires_at is not None and verified.expires_at <= time.time():
+        return AssertionCheck(
+            "mismatch",
+            f"the credential of {verified.user_id!r} expired: present a fresh one "
+            "with {cmd:'auth'}",
+            names,
         )
     aliases = verified.aliases()
     for name in names:
@@ -134,20 +144,44 @@ def _idp_domain(value: Any, where: str) -> str | None:
 
 
 def _token_names(token: str, *, strict: bool) -> list[str]:
-    """Who a JWT names: its e-mail (as e-mail and user URL) or its issuer's user URL for the
-    subject. ``strict``: a token that is not a JWT is malformed rather than ignored."""
+    """Who a JWT names: its issuer's user URL for the subject, and its e-mail (as e-mail and user
+    URL) when the token says the address is verified. ``strict``: a token that is not a JWT, or
+    names no subject, is malformed rather than ignored."""
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.InvalidTokenError:
         if strict:
             raise _Malformed("body.idToken is not a JWT") from None
         return []
-    email = claims.get("email")
-    if isinstance(email, str) and "@" in email:
-        return [email, user_url_from_email(email)]
+    names: list[str] = []
     sub, iss = claims.get("sub"), claims.get("iss")
     if isinstance(sub, str) and sub and isinstance(iss, str):
-        return [f"user://{urlsplit(iss).hostname or iss}/{sub}"]
-    if strict:
+        names.append(f"user://{urlsplit(iss).hostname or iss}/{sub}")
+    email = claims.get("email")
+    if isinstance(email, str) and "@" in email and claims.get("email_verified") is True:
+        names += [email, user_url_from_email(email)]
+    if strict and not names:
         raise _Malformed("body.idToken names no subject")
-    return []
+    return names
+
+
+def asserted_domains(body: Mapping[str, Any]) -> frozenset[str] | None:
+    """The domains of every identity a body asserts (user URLs' and e-mails' domains, Matrix
+    ids' servers, the IdP's domain), case-folded: what a peer domain's node may vouch for is
+    judged on them. Empty when it asserts nobody; None when what it asserts is unreadable."""
+    try:
+        names, idp = _asserted(body)
+    except _Malformed:
+        return None
+    domains = {_name_domain(name) for name in names}
+    if idp is not None:
+        domains.add(idp.casefold())
+    return frozenset(domains)
+
+
+def _name_domain(name: str) -> str:
+    if "://" in name:
+        return (urlsplit(name).hostname or "").casefold()
+    if name.startswith("@") and ":" in name:
+        return name.split(":", 1)[1].casefold()
+    return name.rpartition("@")[2].casefold()

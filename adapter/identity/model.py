@@ -1,16 +1,21 @@
 """Who a runtime is: the identity the node verified for a stub session, and its reTHINK shape.
 
 A runtime proves who it is when its stub connects (a Matrix access token or an OpenID Connect ID
-token); the node keeps the result as an ``Identity`` for the session's life. Runtimes read it in
+token); the node keeps the result as an ``Identity`` with the session. Runtimes read it in
 reTHINK's own shape (``body.identity``: ``userProfile``, ``idp``, ``expires``), the one their
 Identity Module puts into messages (dev-runtime-core ``MessageBodyIdentity``).
+
+Who someone *is* is ``Identity.key``: (issuer, subject) for OpenID Connect, the Matrix user ID for
+Matrix accounts. Everything else (e-mail, user URL, names) is an attribute: two credentials are
+the same identity only when their keys are equal (``same_as``). A verified identity lasts until
+``expires_at`` (the ID token's ``exp``) unless the runtime presents a fresh credential.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -45,9 +50,11 @@ class IdentityUnavailable(Exception):
 class Identity:
     """A user identity as the node knows it.
 
-    ``user_id`` is the identifier the identity provider vouches for: a Matrix user ID
-    (``@alice:example.org``) or, for OpenID Connect, the reTHINK user URL derived from the verified
-    e-mail address or subject (``user://gmail.com/alice``)."""
+    ``user_id`` is how the identity is shown and what policies match: a Matrix user ID
+    (``@alice:example.org``) or, for OpenID Connect, the reTHINK user URL derived from the e-mail
+    address when the IdP says it verified it (``email_verified`` is the boolean true), else from
+    the subject (``user://gmail.com/alice``, ``user://<idp host>/<sub>``). It is not what makes
+    two identities the same: that is ``key``."""
 
     user_id: str
     idp_domain: str
@@ -63,6 +70,35 @@ class Identity:
     claims: Mapping[str, Any] = field(
         default_factory=lambda: _EMPTY, compare=False, hash=False, repr=False
     )
+    # OpenID Connect: the token's `iss` and `sub`, together the identity's key. None in records
+    # kept before they were (such an identity has no key: nothing proves to be it again).
+    issuer: str | None = None
+    subject: str | None = None
+
+    @property
+    def key(self) -> tuple[str, ...] | None:
+        """What makes two credentials the same identity: ``("oidc", iss, sub)`` for OpenID
+        Connect, ``("matrix", user ID)`` for Matrix accounts; None when it is not known (an OIDC
+        identity kept by an older node), and then no credential proves to be this identity."""
+        if self.method == "oidc":
+            if self.issuer is None or self.subject is None:
+                return None
+            return ("oidc", self.issuer, self.subject)
+        return (self.method, self.user_id)
+
+    def same_as(self, other: Identity | None) -> bool:
+        """Whether ``other`` is this identity (equal, known keys; e-mail and names do not count)."""
+        if other is None:
+            return False
+        key = self.key
+        return key is not None and key == other.key
+
+    @property
+    def subject_url(self) -> str | None:
+        """The user URL naming the OIDC subject itself, ``user://<idp host>/<sub>``."""
+        if self.method != "oidc" or self.subject is None:
+            return None
+        return f"user://{self.idp_domain}/{self.subject}"
 
     @property
     def user_url(self) -> str:
@@ -77,6 +113,9 @@ class Identity:
         names = {self.user_id, self.user_url}
         if self.username:
             names.add(self.username)
+        subject_url = self.subject_url
+        if subject_url is not None:
+            names.add(subject_url)
         if self.method == "matrix" and self.user_id.startswith("@") and ":" in self.user_id:
             localpart, server = self.user_id[1:].split(":", 1)
             names.add(f"{localpart}@{server}")
@@ -115,13 +154,19 @@ class Identity:
                 "username": self.username,
                 "display_name": self.display_name,
                 "expires_at": self.expires_at,
+                "issuer": self.issuer,
+                "subject": self.subject,
             }
         )
 
     @staticmethod
     def from_record(record: str) -> Identity:
-        fields = json.loads(record)
-        return Identity(**fields)
+        """An identity from ``to_record``, also from older nodes' records (without ``issuer``
+        and ``subject``: an OIDC identity then has no key) and newer ones (unknown fields are
+        left out)."""
+        stored = json.loads(record)
+        known = {f.name for f in fields(Identity)} - {"claims"}
+        return Identity(**{name: value for name, value in stored.items() if name in known})
 
 
 _PROTOCOLS: Mapping[IdentityMethod, str] = {

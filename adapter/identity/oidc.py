@@ -2,8 +2,13 @@
 
 Checked: the signature (with a key from the IdP's JWKS, by the token's ``kid``), the algorithm
 (only the configured asymmetric ones: never ``none``, never an HMAC algorithm whose "secret" would
-be the public key), ``iss``, ``aud``, ``exp`` (and ``nbf``/``iat`` when present, within a small
-leeway) and that a subject is named.
+be the public key), ``iss``, ``aud``, ``exp`` (strictly: the node vouches for the identity until
+``exp`` and not a moment longer, so it takes no token already past it), ``nbf``/``iat`` when
+present (within a small leeway for clock skew) and that a subject is named.
+
+The identity is (``iss``, ``sub``). The e-mail address is used — for the user URL and the
+username policies match — only when ``email_verified`` is the boolean ``true``: a missing claim,
+``false`` or the string ``"false"`` (or ``"true"``) prove nothing about who owns the address.
 
 The JWKS is fetched once and kept. A token naming an unknown ``kid`` (the IdP rotated its keys)
 triggers a refresh, at most once per ``min_refresh_seconds``: a flood of tokens with made-up kids
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -73,6 +79,7 @@ class OidcVerifier:
         max_key_age_seconds: float = 3600.0,
         timeout_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         allowed = tuple(algorithms)
         unsafe = [alg for alg in allowed if alg not in _KEY_TYPES]
@@ -93,6 +100,7 @@ class OidcVerifier:
         self._max_age = max_key_age_seconds
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._clock = clock
+        self._wall_clock = wall_clock  # for `exp`: seconds since the epoch
         self._keys: dict[str, dict[str, Any]] = {}  # kid ('' when the IdP gives none) -> JWK
         self._fetched_at: float | None = None
         self._kid_refresh_at: float | None = None
@@ -145,6 +153,20 @@ class OidcVerifier:
         except jwt.InvalidTokenError as exc:
             raise IdentityRejected(f"invalid ID token: {exc}") from None
         return self._identity(claims)
+
+    def _expires_at(self, exp: Any) -> float:
+        """The moment the token stops holding, from its ``exp`` (refused when past)."""
+        if isinstance(exp, bool) or not isinstance(exp, int | float | str):
+            raise IdentityRejected("invalid ID token: 'exp' is not a number")
+        try:
+            expires_at = float(exp)
+        except ValueError:
+            raise IdentityRejected("invalid ID token: 'exp' is not a number") from None
+        if not math.isfinite(expires_at):
+            raise IdentityRejected("invalid ID token: 'exp' is not a number")
+        if expires_at <= self._wall_clock():
+            raise IdentityRejected("ID token expired")
+        return expires_at
 
     async def _key(self, kid: str | None, alg: str) -> PyJWK:
         await self._refresh(unknown_kid=False)
@@ -259,19 +281,20 @@ class OidcVerifier:
         sub = claims["sub"]
         if not isinstance(sub, str) or not sub:
             raise IdentityRejected("invalid ID token: 'sub' is not a non-empty string")
+        expires_at = self._expires_at(claims["exp"])
         email = claims.get("email")
-        # An address the IdP has not verified proves nothing about its owner.
-        usable_email = (
-            isinstance(email, str) and "@" in email and claims.get("email_verified") is not False
+        # An address the IdP has not verified proves nothing about its owner: only the boolean
+        # true counts (a missing claim, false, "false", even "true" do not).
+        verified_email = (
+            isinstance(email, str) and "@" in email and claims.get("email_verified") is True
         )
         idp_domain = urlsplit(self._issuer).hostname or self._issuer
-        if usable_email:
+        if verified_email:
             assert isinstance(email, str)
             user_id, username = user_url_from_email(email), email
         else:
             user_id, username = f"user://{idp_domain}/{sub}", sub
         name = claims.get("name")
-        exp = claims.get("exp")
         return Identity(
             user_id=user_id,
             idp_domain=idp_domain,
@@ -279,8 +302,11 @@ class OidcVerifier:
             authenticated=True,
             username=username,
             display_name=name if isinstance(name, str) else None,
-            expires_at=float(exp) if isinstance(exp, int | float) else None,
+            expires_at=expires_at,
             claims=MappingProxyType(claims),
+            # pyjwt checked that `iss` is the configured issuer: the key is (issuer, subject).
+            issuer=self._issuer,
+            subject=sub,
         )
 
 

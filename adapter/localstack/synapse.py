@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from ruamel.yaml import YAML
 
+from ..private_files import PRIVATE_UMASK, dump_private_yaml, open_private_append, private_dir
 from .ip_blocklist import blocklist_except
 
 SYNAPSE_VERSION = "1.163.2"
@@ -96,8 +97,8 @@ def ensure_synapse_installed(
     return python
 
 
-def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], what: str, umask: int = -1) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, umask=umask)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise LocalStackError(f"could not {what} (exit {proc.returncode}):\n{tail}")
@@ -178,11 +179,11 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
     No federation unless the settings ask for it, and then only with the peers they name.
 
     Secrets generated on the first write are kept on later writes, so sessions and the signing
-    key stay valid across restarts of the local stack."""
+    key stay valid across restarts of the local stack. The data directory is 0700 and the
+    config, which holds them, 0600 from the moment it is written."""
     data = settings.data_dir.resolve()
-    data.mkdir(parents=True, exist_ok=True)
-    (data / "media_store").mkdir(exist_ok=True)
-    yaml = YAML()
+    private_dir(data)
+    private_dir(data / "media_store")
     previous: dict[str, Any] = {}
     if settings.config_file.exists():
         previous = dict(YAML(typ="safe", pure=True).load(settings.config_file.read_text()) or {})
@@ -191,7 +192,7 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
         return str(previous.get(name) or secrets.token_urlsafe(32))
 
     log_config = data / "log.config"
-    yaml.dump(
+    dump_private_yaml(
         {
             "version": 1,
             "formatters": {"precise": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
@@ -246,8 +247,7 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
     }
     if settings.federation is not None:
         config = _with_federation(config, settings.host, settings.federation)
-    with settings.config_file.open("w") as handle:
-        yaml.dump(config, handle)
+    dump_private_yaml(config, settings.config_file)
     return settings.config_file
 
 
@@ -324,6 +324,8 @@ class SynapseProcess:
                 "--generate-keys",
             ],
             "generate the homeserver's signing key",
+            # Synapse writes the key with the process umask: owner-only, whoever calls this.
+            umask=PRIVATE_UMASK,
         )
 
     def start(self) -> None:
@@ -333,7 +335,9 @@ class SynapseProcess:
                     f"port {self.settings.host}:{port} is already in use: stop what holds it "
                     "or choose another homeserver port"
                 )
-        log = self.settings.log_file.open("ab")
+        # Synapse's log may quote tokens: owner-only, like everything Synapse itself creates in
+        # its data directory (its database, media, pid file), which the umask makes so.
+        log = open_private_append(self.settings.log_file)
         self._proc = subprocess.Popen(
             [
                 str(self.python),
@@ -348,6 +352,7 @@ class SynapseProcess:
             # Own session: a Ctrl-C in the terminal reaches only us, and we stop Synapse in order.
             start_new_session=True,
             preexec_fn=_die_with_parent,
+            umask=PRIVATE_UMASK,
         )
         log.close()
 

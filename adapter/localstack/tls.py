@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from ..private_files import private_dir, write_private
 
 CA_LIFETIME = datetime.timedelta(days=3650)
 LEAF_LIFETIME = datetime.timedelta(days=365)
@@ -177,24 +178,17 @@ def _fits(
 
 
 def _write(pair: KeyPair, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
-    pair.certificate.parent.mkdir(parents=True, exist_ok=True)
-    _replace(
+    # Written aside and renamed (a reader, or an interrupted run, never sees half a file), in a
+    # 0700 directory, owner-only from creation. The certificate is no secret, but only the
+    # homeservers (run by the same user) read it, and the local stack's state is owner-only
+    # throughout, so that tightening an existing install finds nothing to change.
+    private_dir(pair.certificate.parent)
+    write_private(
         pair.private_key,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         ),
-        mode=0o600,
     )
-    _replace(pair.certificate, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
-
-
-def _replace(path: Path, data: bytes, *, mode: int) -> None:
-    # Written aside and renamed: a reader (or an interrupted run) never sees half a file.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    write_private(pair.certificate, cert.public_bytes(serialization.Encoding.PEM))

@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 from ..config import NodeConfig, load_config
 from ..configfile import generate_registration, write_registration
 from ..node import Node
+from ..private_files import describe, private_dir, tighten_all, tighten_tree
 from ..storage import migrate
+from ..storage.database import sqlite_files
 from .federation import federating, start_homeservers
 from .synapse import (
     LocalStackError,
@@ -32,6 +34,32 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # directory under the state directory, and the local federation CA beside them.
 DOMAIN_DIRS = ("domain-a", "domain-b")
 TLS_DIR = "federation-tls"
+
+
+def make_state_private(state_dir: Path, say: Callable[[str], None], *files: Path) -> None:
+    """The state directory (created when missing) and everything in it, and ``files`` (the
+    configuration, with its tokens), owner-only: directories 0700, files 0600 at most.
+
+    What this stack writes is created so; this fixes an install from before that, or a file
+    someone else put there, and says what it changed."""
+    changed, problems = tighten_tree(state_dir)
+    _report(changed, problems, say)
+    make_files_private(say, *files)
+
+
+def make_files_private(say: Callable[[str], None], *files: Path) -> None:
+    """``files`` owner-only where they exist, saying what changed."""
+    _report(*tighten_all(files), say)
+
+
+def _report(changed: list[Path], problems: list[str], say: Callable[[str], None]) -> None:
+    if changed:
+        say(
+            f"made {len(changed)} path(s) that other users could read owner-only: "
+            f"{describe(changed)}"
+        )
+    for problem in problems:
+        say(f"warning: could not make this owner-only: {problem}")
 
 
 def ensure_config(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> NodeConfig:
@@ -102,8 +130,10 @@ async def start_two_homeservers(
 
 
 async def up(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> int:
-    await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(make_state_private, state_dir, say, config_path)
     config = ensure_config(config_path, state_dir, say)
+    # A database configured outside the state directory holds the same secret.
+    await asyncio.to_thread(make_files_private, say, *sqlite_files(config.database.url))
     settings = homeserver_settings(config, state_dir)
 
     python = await asyncio.to_thread(ensure_synapse_installed, None, say)
@@ -190,7 +220,7 @@ def two_domain_config(
     under its own directory, so editing it changes that domain)."""
     here, peer = domains[index], domains[1 - index]
     directory = state_dir / DOMAIN_DIRS[index]
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     path = directory / "config.yaml"
     if path.exists():
         config = load_config(path)
@@ -218,7 +248,7 @@ def two_domain_config(
 async def up_two_domains(state_dir: Path, say: Callable[[str], None]) -> int:
     """Two reTHINK domains on this machine: two Synapses federating over loopback (a local CA
     signs their certificates) and a node for each."""
-    await asyncio.to_thread(state_dir.mkdir, parents=True, exist_ok=True)
+    await asyncio.to_thread(make_state_private, state_dir, say)
     configs = (two_domain_config(state_dir, 0, say), two_domain_config(state_dir, 1, say))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -17,10 +17,10 @@ can record who changed what.
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+import orjson
 import structlog
 from aiohttp import web
 
@@ -31,6 +31,8 @@ log = structlog.get_logger(__name__)
 
 PREFIX: Final = "/_rethink/policy"
 MAX_BODY_BYTES: Final = 256 * 1024
+# Deeper than any rule the language can express usefully; checked before anything walks it.
+MAX_DEPTH: Final = 64
 
 OnChange = Callable[[str, str | None, Any], Awaitable[None]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -140,9 +142,25 @@ async def _json_body(request: web.Request) -> Any:
         chunks.append(chunk)
     raw = b"".join(chunks)
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise _BadBody(error(400, "M_NOT_JSON", f"the body is not JSON: {exc}")) from None
+    if _depth_exceeds(body, MAX_DEPTH):
+        raise _BadBody(error(400, "M_BAD_JSON", f"the body nests deeper than {MAX_DEPTH} levels"))
+    return body
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _unknown(rule_id: str) -> web.Response:

@@ -53,12 +53,13 @@ class Delivery:
         messages: Sequence[Routed],
         ticket: Ticket | None,
         arrived: float | None = None,
-        inspect: Callable[[Routed], bool] | None = None,
+        admit: Callable[[Routed], Routed | None] | None = None,
     ) -> None:
         """Deliver one event's messages (``ticket`` None for the relay baseline, which has no
         events); ``arrived`` is when the first of them reached the node (time.monotonic), for
-        the routing-latency metric. ``inspect`` sees each new message first and says whether
-        it is delivered (a peer domain's messages: the node answers or acts on some itself)."""
+        the routing-latency metric. ``admit`` judges each new message first (a peer domain's:
+        the node answers or acts on some itself) and gives what is delivered, or None; the
+        sender's mark moves only for what it admitted."""
         delivered: list[int] = []
         marks = self.marks
         for routed in messages:
@@ -67,12 +68,15 @@ class Delivery:
                 self._metrics.duplicates.labels("delivery").inc()
                 delivered.append(0)
                 continue
+            if admit is not None:
+                admitted = admit(routed)
+                if admitted is None:
+                    delivered.append(0)
+                    continue
+                routed = admitted
             marks[origin] = routed.oseq
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq
-            if inspect is not None and not inspect(routed):
-                delivered.append(0)
-                continue
             delivered.append(await self._deliver_one(routed, ticket))
         if ticket is not None:
             ticket.sealed = True

@@ -16,6 +16,7 @@ session's mailbox, so a stub that acknowledges deliveries gets them again after 
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import time
 from typing import Any
 
 import structlog
@@ -45,7 +46,7 @@ from ..services.registry import (
 )
 from ..sessions.link import Link
 from ..sessions.mailbox import Parcel
-from ..sessions.session import Attachment
+from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
 from ..sessions.upstream import Pending
 from ..storage.routes import RouteStore
 from .federation import Federation
@@ -165,6 +166,11 @@ class Ingress:
         except InvalidMessage as exc:
             await self.refuse_frame(attachment, attachment.link, raw, exc)
             return False
+        if session.vouched_until <= time():
+            # The node no longer vouches for the identity: nothing goes out in its name until
+            # the runtime presents a fresh credential ({cmd: 'auth'}).
+            await self._refuse(attachment, message, 401, CREDENTIAL_EXPIRED)
+            return False
         denial = self._policy.check(session.id, message, session.identity)
         if denial is not None:
             await self._refuse(attachment, message, denial.code, denial.reason)
@@ -184,6 +190,13 @@ class Ingress:
             return False
 
         if not self._table.belongs_to(session.id, message.from_):
+            if self._table.owner(message.from_) is not None:
+                # Learned by another session (allocated ones are the policy engine's): it stays
+                # that session's route until that session lets it go.
+                await self._refuse(
+                    attachment, message, 403, f"'{message.from_}' is in use by another runtime"
+                )
+                return False
             if self._table.holdings(session.id).learned >= self._quotas.learned_routes:
                 self._metrics.quota_refusals.labels("learned_routes").inc()
                 await self._refuse(

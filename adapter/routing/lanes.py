@@ -32,7 +32,7 @@ from ..sessions.session import Session
 from ..sessions.upstream import Pending, Upstream
 from .delivery import Delivery
 from .settlement import LaneLedger, Ticket
-from .stream import BatchStream, StreamLimits, Traffic
+from .stream import BatchStream, OnRefused, StreamLimits, Traffic
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +110,7 @@ class Lane(StreamOutbox):
         metrics: NodeMetrics,
         limits: StreamLimits,
         traffic: Traffic,
+        on_refused: OnRefused | None = None,
     ) -> None:
         self.index = index
         self._target = target
@@ -118,7 +119,7 @@ class Lane(StreamOutbox):
         self._metrics = metrics
         self.room_id: str | None = None
         self.ready = asyncio.Event()
-        self._n = 0  # the lane's event number: consecutive in its room
+        self._n = 0  # the number of the lane's last persisted event: consecutive in its room
         self._deliveries: deque[tuple[list[Outgoing], Ticket, float]] = deque()
         self._delivering: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -134,13 +135,13 @@ class Lane(StreamOutbox):
             traffic=traffic,
             admit=self._admit,
             ready=self.ready,
+            on_refused=on_refused,
         )
 
     # -- sending --------------------------------------------------------------------------------
 
     def _header(self) -> dict[str, Any]:
-        self._n += 1
-        return {"lane": self.index, "n": self._n}
+        return {"lane": self.index, "n": self._n + 1}
 
     async def _send_target(self, refresh: bool) -> tuple[Intent, str]:
         intent, room_id = await self._target(self.index, refresh)
@@ -157,6 +158,7 @@ class Lane(StreamOutbox):
         return True
 
     def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
+        self._n += 1
         for item in batch:
             item.done()
         assert self.room_id is not None

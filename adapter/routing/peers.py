@@ -30,6 +30,9 @@ class Peer:
     domain: str
     server_name: str
     bot: str
+    # Whose identities its node may vouch for: its own domain's and these identity providers'.
+    vouches_for: frozenset[str] = frozenset()
+    max_subscriptions: int = 100_000
 
 
 class PeerRefused(Exception):
@@ -70,8 +73,14 @@ class Peers:
         return self._config.enabled
 
     def _peer(self, domain: str, server_name: str) -> Peer:
-        configured = self._config.peers[domain].bot
-        return Peer(domain, server_name, configured or f"@{DEFAULT_BOT_LOCALPART}:{server_name}")
+        config = self._config.peers[domain]
+        return Peer(
+            domain,
+            server_name,
+            config.bot or f"@{DEFAULT_BOT_LOCALPART}:{server_name}",
+            frozenset(d.casefold() for d in (domain, *config.identity_providers)),
+            config.max_subscriptions,
+        )
 
     def remote_domain(self, address: str) -> str | None:
         """The address's domain when it is not this node's own."""

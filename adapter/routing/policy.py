@@ -85,6 +85,15 @@ class PolicyEngine:
                 return Denial(403, f"denied by policy rule {decision.rule}: {decision.reason}")
         return None
 
+    def check_subscription(
+        self, runtime_url: str, identity: Identity | None, address: str
+    ) -> str | None:
+        """The rules on one subscription the subscription manager allows: seen as a
+        ``subscribe`` from the runtime to the address. A reason to refuse it, or None."""
+        request = Message("", 0, "subscribe", runtime_url, (address,), {})
+        denial = self._rules_decide(request, identity)
+        return None if denial is None else denial.reason
+
     def check_remote(self, message: Message) -> Denial | None:
         """A message a peer domain's node carried here: the rules apply again on entry (its
         sender was checked, authenticated and rate-limited by its own node)."""

@@ -19,6 +19,12 @@ JOURNAL = "journal"
 TO_PEER = "to-peer"  # written by this node, read by a peer domain's node
 FROM_PEER = "from-peer"  # written by a peer domain's node, read by this one
 
+# A room this node writes in is its bot's alone: the peer's node it invites (and anyone else)
+# may join and read, but sends nothing but its membership (Matrix checks the power levels on
+# every server that holds the room).
+WRITER_POWER = 100
+WRITER_ONLY = {"events_default": WRITER_POWER, "state_default": WRITER_POWER}
+
 
 def runtime_hash(runtime_url: str) -> str:
     return hashlib.sha256(runtime_url.encode()).hexdigest()[:32]
@@ -69,6 +75,30 @@ class RoomDirectory:
         )
         return self._api.bot, room_id
 
+    async def writer_only(self, room_id: str) -> None:
+        """Make sure only the bot sends events in ``room_id`` (rooms created before this rule
+        get their power levels raised)."""
+        bot = self._api.bot
+        levels = await bot.state(room_id, "m.room.power_levels")
+        found = levels.get("users")
+        users: dict[str, int] = found if isinstance(found, dict) else {}
+        if all(levels.get(k) == v for k, v in WRITER_ONLY.items()) and not any(
+            level >= WRITER_POWER for user, level in users.items() if user != bot.user_id
+        ):
+            return
+        lowered = {u: 0 for u in users if u != bot.user_id}
+        await bot.put_state(
+            room_id,
+            "m.room.power_levels",
+            {**levels, **WRITER_ONLY, "users": {**lowered, bot.user_id: WRITER_POWER}},
+        )
+
+    async def writes_in(self, room_id: str) -> bool:
+        """Whether this node writes in ``room_id`` (a lane, the journal, a room to a peer)."""
+        if room_id in self._rooms.values():
+            return True
+        return bool(await self._store.purposes(room_id) - {FROM_PEER})
+
     async def joined_from_peer(self, room_id: str, domain: str) -> None:
         """Remember a room a peer's node writes into for this one (joined on its invite)."""
         await self._store.add(
@@ -105,7 +135,11 @@ class RoomDirectory:
                 # with its database); joining is a no-op for a member and repairs a membership
                 # that was lost.
                 room_id = await intent.create_room(
-                    alias_localpart=localpart, name=name, invite=invite, federate=bool(invite)
+                    alias_localpart=localpart,
+                    name=name,
+                    invite=invite,
+                    federate=bool(invite),
+                    power_level_override=WRITER_ONLY if invite else None,
                 )
                 await intent.join(room_id)
                 for user in invite:

@@ -8,6 +8,15 @@ through the media repository) instead of one event per message.
 One event is in flight per stream, so the room's order is the order items were pushed. A failed
 send is retried, with the same transaction id (the homeserver deduplicates), until it succeeds or
 the stream is closed; items never skip ahead of a failed batch.
+
+What the homeserver refuses for good is never retried for ever: a refusal about the content (a
+4xx other than rate limiting or the room being unavailable) splits the batch in halves, sent
+one after the other, until the one item that causes it is alone; that item is handed to
+``on_refused`` (its sender gets an error answer) and the stream goes on with the rest.
+
+The header of an event (the room's event number, for streams that number them) is asked for
+when a batch is encoded and counts only once the homeserver persisted the event: a retry sends
+the same content, and the halves of a split batch are numbered as if it had never been sent.
 """
 
 from __future__ import annotations
@@ -36,6 +45,18 @@ log = structlog.get_logger(__name__)
 Target = Callable[[bool], Awaitable[tuple[Intent, str]]]
 # Told, in order, of every batch the homeserver has persisted: the items and the event's id.
 OnSent = Callable[[list[Any], str], None]
+# Told of an item the homeserver refused to carry, with the refusal.
+OnRefused = Callable[[Any, "MatrixError"], Awaitable[None]]
+
+# The homeserver refuses a send because of the room, not of what is sent: provision the room
+# again and retry. 408 and 429 are the homeserver's own state: retry.
+_ROOM_REFUSALS = frozenset({403, 404})
+_RETRIED_4XX = frozenset({408, 429})
+
+
+def refused_for_content(exc: MatrixError) -> bool:
+    """Whether the same content would be refused again, whenever it is sent."""
+    return 400 <= exc.status < 500 and exc.status not in _ROOM_REFUSALS | _RETRIED_4XX
 
 
 class Traffic:
@@ -95,6 +116,7 @@ class BatchStream(Generic[T]):
         background: bool = False,
         admit: Callable[[T], bool] | None = None,
         ready: asyncio.Event | None = None,
+        on_refused: OnRefused | None = None,
     ) -> None:
         self.name = name
         self._encoder = encoder
@@ -111,6 +133,8 @@ class BatchStream(Generic[T]):
         self._admit = admit
         # Nothing is sent before this is set (a lane waits for its recovery).
         self._ready = ready
+        self._on_refused = on_refused
+        self._refused = metrics.refused_items.labels(name)
         self._oldest = 0.0  # when the oldest queued item arrived
         self._queue: deque[T] = deque()
         self._queued_bytes = 0
@@ -189,32 +213,57 @@ class BatchStream(Generic[T]):
         return batch
 
     async def _send_until_done(self, batch: list[T]) -> None:
+        """Send ``batch``; items the homeserver refuses for good are isolated and handed to
+        ``on_refused``, the rest is sent in order."""
+        parts = [batch]
+        while parts:
+            part = parts.pop()
+            refusal = await self._send_part(part)
+            if refusal is None:
+                continue
+            if len(part) > 1:
+                half = len(part) // 2
+                parts += [part[half:], part[:half]]
+                continue
+            self._refused.inc()
+            log.warning("item refused by the homeserver", stream=self.name, error=str(refusal))
+            if self._on_refused is not None:
+                try:
+                    await self._on_refused(part[0], refusal)
+                except Exception:
+                    log.exception("answering a refused item failed", stream=self.name)
+
+    async def _send_part(self, batch: list[T]) -> MatrixError | None:
+        """Send ``batch`` as one event, retrying until the homeserver persists it (None) or
+        refuses its content (the refusal). Returns None too when the stream is closed."""
         encoded = self._encoder.encode(self._header(), batch)
         delay = self._limits.retry_initial
         refresh = False
         txn_id: str | None = None
+        uploaded: str | None = None
         while True:
             started = time.monotonic()
             try:
                 intent, room_id = await self._target(refresh)
                 txn_id = txn_id or intent.new_txn_id()
-                kind, event_id = await self._send(intent, room_id, encoded, txn_id)
+                if encoded.inline is None and uploaded is None:
+                    assert encoded.blob is not None
+                    uploaded = await intent.upload(
+                        encoded.blob, "application/octet-stream", f"{self.name}.bin"
+                    )
+                kind, event_id = await self._send(intent, room_id, encoded, uploaded, txn_id)
                 self._metrics.matrix_events_out.labels(kind).inc()
                 self._metrics.send_seconds.observe(time.monotonic() - started)
                 if self._on_sent is not None:
                     self._on_sent(batch, event_id)
-                return
+                return None
             except asyncio.CancelledError:
                 raise
             except MatrixError as exc:
-                if exc.status == 413 and len(batch) > 1:
-                    # Refused as too large whatever we retry: send it as two events.
-                    half = len(batch) // 2
-                    await self._send_until_done(batch[:half])
-                    await self._send_until_done(batch[half:])
-                    return
+                if refused_for_content(exc):
+                    return exc
                 # The room is gone or we are no longer in it: provision it again.
-                refresh = exc.status in (403, 404)
+                refresh = exc.status in _ROOM_REFUSALS
                 log.warning(
                     "batch send refused; retrying",
                     stream=self.name,
@@ -234,19 +283,23 @@ class BatchStream(Generic[T]):
                 log.exception("batch send failed; retrying", stream=self.name, items=len(batch))
             if self._closed:
                 log.error("stream closed with an unsent batch", stream=self.name, items=len(batch))
-                return
+                return None
             await asyncio.sleep(random.uniform(delay / 2, delay))
             delay = min(delay * 2, self._limits.retry_max)
 
     async def _send(
-        self, intent: Intent, room_id: str, encoded: carrier.Encoded, txn_id: str
+        self,
+        intent: Intent,
+        room_id: str,
+        encoded: carrier.Encoded,
+        uploaded: str | None,
+        txn_id: str,
     ) -> tuple[str, str]:
         event_type = self._encoder.event_type
         if encoded.inline is not None:
             return "inline", await intent.send_event(room_id, event_type, encoded.inline, txn_id)
-        assert encoded.blob is not None
-        uri = await intent.upload(encoded.blob, "application/octet-stream", f"{self.name}.bin")
-        content = encoded.media_content(uri)
+        assert uploaded is not None
+        content = encoded.media_content(uploaded)
         return "media", await intent.send_event(room_id, event_type, content, txn_id)
 
     async def flush(self, timeout: float) -> bool:

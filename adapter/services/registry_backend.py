@@ -9,6 +9,12 @@ reTHINK messages exactly as the relay does with an external registry, and the HT
 Sources (reTHINK-project/dev-registry-domain, server/src/main/java/domainregistry/):
 HypertyController.java (routes, codes, answers), HypertyService.java and DataObjectService.java
 (404 / 408 rules, create-or-replace, keep-alive), RamClient.java (delete marks disconnected).
+
+Beyond the reference, entries belong to the runtime that registered them, and a hyperty's user
+is the registering runtime's verified identity when it has one (DESIGN.md section 10): a write
+from a runtime that breaks either rule is 403 and changes nothing. A call without a runtime is
+the operator's (the REST API) and is not checked. docs/registry-connector.md, "Who may change
+an entry", states the rule.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import orjson
 import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..identity.model import Identity
 from ..storage.registry_models import DISCONNECTED, EntryKind
 from ..storage.registry_store import Registered, RegistryStore, StatusChange, Written
 from .registry_fields import (
@@ -45,9 +52,12 @@ Filters = Mapping[str, tuple[str, ...]]
 
 class RegistryBackend(Protocol):
     """A domain registry answering dev-registry-domain's REST resources. ``runtime`` is the
-    runtime a write comes from, when known (the MN's requester)."""
+    runtime a request comes from, when known (the MN's requester), and ``identity`` what it
+    proved when it connected; neither: the operator."""
 
-    async def call(self, call: RestCall, *, runtime: str | None = None) -> RestAnswer: ...
+    async def call(
+        self, call: RestCall, *, runtime: str | None = None, identity: Identity | None = None
+    ) -> RestAnswer: ...
 
 
 class StatusNotifier:
@@ -92,10 +102,13 @@ class BuiltinRegistryBackend:
         self._notifier = notifier
         self._lifetimes = lifetimes
 
-    async def call(self, call: RestCall, *, runtime: str | None = None) -> RestAnswer:
-        """Never raises: bad requests are 400, unknown resources 404, storage failures 503."""
+    async def call(
+        self, call: RestCall, *, runtime: str | None = None, identity: Identity | None = None
+    ) -> RestAnswer:
+        """Never raises: bad requests are 400, unknown resources 404, writes to what another
+        runtime registered 403, storage failures 503."""
         try:
-            return await self._route(call, runtime)
+            return await self._route(call, runtime, identity)
         except _Answer as early:
             return _message(early.status, early.message)
         except InvalidRecord as bad:
@@ -107,7 +120,10 @@ class BuiltinRegistryBackend:
             log.exception("registry_failed", method=call.method, path=call.path_qs())
             return _message(500, "Internal Server Error")
 
-    async def _route(self, call: RestCall, runtime: str | None) -> RestAnswer:
+    async def _route(
+        self, call: RestCall, requester: str | None, identity: Identity | None
+    ) -> RestAnswer:
+        """``requester``: the runtime writes are checked against; None, the operator's."""
         query = dict(call.query)
         match call.method, call.segments:
             case "GET", ("hyperty", ("user" | "email" | "guid") as by, key):
@@ -117,17 +133,21 @@ class BuiltinRegistryBackend:
             case "GET", ("hyperty", "url", url):
                 return await self._hyperty(url)
             case "PUT", ("hyperty", "user", user, url):
-                return await self._register_hyperty(user, url, _body(call), runtime)
+                return await self._register_hyperty(user, url, _body(call), requester, identity)
             case "PUT", ("hyperty", "url", url):
-                return await self._refresh(EntryKind.HYPERTY, url, _body(call), "Hyperty updated")
+                return await self._refresh(
+                    EntryKind.HYPERTY, url, _body(call), "Hyperty updated", requester
+                )
             case "DELETE", ("hyperty", "user", user, url):
-                written = await self._store.unregister(EntryKind.HYPERTY, url, user)
-                return await self._written(written, "Hyperty deleted")
+                written = await self._store.unregister(
+                    EntryKind.HYPERTY, url, user, requester=requester
+                )
+                return await self._written(written, url, "Hyperty deleted")
             case "PUT", ("hyperty", "dataobject", url):
-                return await self._register_object(url, _body(call), runtime)
+                return await self._register_object(url, _body(call), requester)
             case "PUT", ("dataobject", "url", url):
                 return await self._refresh(
-                    EntryKind.DATA_OBJECT, url, _body(call), "data object updated"
+                    EntryKind.DATA_OBJECT, url, _body(call), "data object updated", requester
                 )
             case "GET", ("hyperty", "dataobject", "url", url):
                 return await self._object(url)
@@ -138,8 +158,10 @@ class BuiltinRegistryBackend:
             case "DELETE", ("hyperty", "dataobject", "url", url):
                 # The user manual documents this route; the latest HypertyController has it
                 # commented out (404), which leaves runtimes no way to unregister an object.
-                written = await self._store.unregister(EntryKind.DATA_OBJECT, url)
-                return await self._written(written, "Data object deleted")
+                written = await self._store.unregister(
+                    EntryKind.DATA_OBJECT, url, requester=requester
+                )
+                return await self._written(written, url, "Data object deleted")
         raise _Answer(404)
 
     # -- hyperties ----------------------------------------------------------------------------
@@ -163,18 +185,35 @@ class BuiltinRegistryBackend:
         return _answer(408 if entry.status == DISCONNECTED else 200, hyperty_json(entry))
 
     async def _register_hyperty(
-        self, user: str, url: str, body: Any, runtime: str | None
+        self,
+        user: str,
+        url: str,
+        body: Any,
+        requester: str | None,
+        identity: Identity | None,
     ) -> RestAnswer:
-        values = creation(EntryKind.HYPERTY, body, self._lifetimes, runtime)
+        values = creation(EntryKind.HYPERTY, body, self._lifetimes, _owner(requester))
+        url = valid_key("the hyperty URL", url)
+        user = valid_key("the user", user)
+        verified = requester is not None and _user_is_verified(user, identity)
         outcome, changes = await self._store.register(
             EntryKind.HYPERTY,
-            valid_key("the hyperty URL", url),
+            url,
             values,
-            owner=_owner(runtime, values),
-            user_url=valid_key("the user", user),
+            requester=requester,
+            user_url=user,
             email=user_email(user),
+            user_verified=verified,
         )
         await self._notifier.publish(changes)
+        if outcome is Registered.FOREIGN:
+            raise _Answer(403, _foreign(url))
+        if outcome is Registered.USER_HELD:
+            raise _Answer(
+                403,
+                f"{user} is held by another runtime's registrations: one user on several "
+                "devices needs verified identities",
+            )
         if outcome is Registered.OTHER_USER:
             raise _Answer(404)
         return _message(200, "Hyperty created")
@@ -197,47 +236,76 @@ class BuiltinRegistryBackend:
             raise _Answer(404)
         return _answer(200, {entry.url: data_object_json(entry) for entry in found})
 
-    async def _register_object(self, url: str, body: Any, runtime: str | None) -> RestAnswer:
-        values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, runtime)
-        _, changes = await self._store.register(
-            EntryKind.DATA_OBJECT,
-            valid_key("the data object URL", url),
-            values,
-            owner=_owner(runtime, values),
+    async def _register_object(self, url: str, body: Any, requester: str | None) -> RestAnswer:
+        values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, _owner(requester))
+        url = valid_key("the data object URL", url)
+        outcome, changes = await self._store.register(
+            EntryKind.DATA_OBJECT, url, values, requester=requester
         )
         await self._notifier.publish(changes)
+        if outcome is Registered.FOREIGN:
+            raise _Answer(403, _foreign(url))
         return _message(200, "Data object created")
 
     # -- both ---------------------------------------------------------------------------------
 
-    async def _refresh(self, kind: EntryKind, url: str, body: Any, updated: str) -> RestAnswer:
+    async def _refresh(
+        self, kind: EntryKind, url: str, body: Any, updated: str, requester: str | None
+    ) -> RestAnswer:
         """``{}`` is the keep-alive; anything else updates the fields it names."""
         if body == {}:
-            written = await self._store.keep_alive(kind, url)
+            written = await self._store.keep_alive(kind, url, requester=requester)
             message = "Keep alive"
         else:
-            written = await self._store.update(kind, url, update(kind, body, self._lifetimes))
+            values = update(kind, body, self._lifetimes)
+            written = await self._store.update(kind, url, values, requester=requester)
             message = updated
         await self._notifier.publish(written.changes)
         if not written.found:
             raise _Answer(404)
+        if written.refused:
+            raise _Answer(403, _foreign(url))
         if kind is EntryKind.DATA_OBJECT:
             return _message(200, message)
         # The reference's hyperty answers carry statusChanged, as a string.
         changed = str(written.status_changed).lower()
         return _answer(200, {"statusChanged": changed, "message": message})
 
-    async def _written(self, written: Written, message: str) -> RestAnswer:
+    async def _written(self, written: Written, url: str, message: str) -> RestAnswer:
         await self._notifier.publish(written.changes)
         if not written.found:
             raise _Answer(404)
+        if written.refused:
+            raise _Answer(403, _foreign(url))
         return _message(200, message)
 
 
-def _owner(runtime: str | None, values: Mapping[str, Any]) -> str:
-    """Whose presence the entry follows: the runtime that sent the registration through the
-    MN, else the one it names."""
-    return valid_key("the requesting runtime", runtime) if runtime else str(values["runtime"])
+def _owner(requester: str | None) -> str | None:
+    """The runtime a registration through the MN will belong to (stored, so checked as a key);
+    None for the operator's, which belong to the runtime they name."""
+    return None if requester is None else valid_key("the requesting runtime", requester)
+
+
+def _foreign(url: str) -> str:
+    return (
+        f"{url} is registered by another runtime: only the runtime that registered it may "
+        "replace, update, keep alive or delete it"
+    )
+
+
+def _user_is_verified(user: str, identity: Identity | None) -> bool:
+    """Whether ``user`` is the runtime's verified identity (any spelling of it, compared
+    case-insensitively as ``Identity.aliases`` does). A runtime with a verified identity
+    registers under that identity only: any other user is 403."""
+    if identity is None or not identity.authenticated:
+        return False
+    if user.casefold() in identity.aliases():
+        return True
+    raise _Answer(
+        403,
+        f"the runtime is authenticated as {identity.user_url}: it registers hyperties under "
+        f"that user, not {user}",
+    )
 
 
 _HYPERTY_KEYS: Final = {"user": "user_url", "email": "email", "guid": "guid"}

@@ -37,7 +37,8 @@ log = structlog.get_logger(__name__)
 
 class BuiltinDomainRegistry:
     """``domain://registry.<domain>`` answered by a ``RegistryBackend`` in process. Writes are
-    attributed to the requesting runtime (presence follows it)."""
+    attributed to the requesting runtime (presence follows it, and only it may change what it
+    registered); its verified identity is the user it registers hyperties under."""
 
     def __init__(self, backend: RegistryBackend) -> None:
         self._backend = backend
@@ -50,7 +51,9 @@ class BuiltinDomainRegistry:
         except Exception:  # a mapping bug must cost one answer, not the session
             log.exception("builtin_registry_failed", id=message.id)
             return ServiceReply(500, desc="domain registry failed")
-        answer = await self._backend.call(call, runtime=requester.runtime_url)
+        answer = await self._backend.call(
+            call, runtime=requester.runtime_url, identity=requester.identity
+        )
         return domain_reply(call, answer)
 
 

@@ -11,6 +11,15 @@ The subscriber is the requester. `body.source` may name one of the requester's o
 (a hyperty subscribing through its runtime); naming an address of another runtime is refused
 (403): nobody subscribes or unsubscribes for someone else. Addresses match exactly. A session
 holds at most its quota of subscriptions (429 beyond).
+
+Who may subscribe to what (DESIGN §10): a runtime subscribes to data-object streams
+(`<object>/changes`, `<object>/children/…`, `<object>/subscription`), to registration status
+(`<hyperty>/registration`), and to its own addresses, or addresses nobody holds (reTHINK runtimes
+subscribe their own protostubs' URLs). Another runtime's address itself (its runtimeURL, a
+hyperty, an object, anything under them) is never a subscription target: that would be a copy
+of its direct messages. Such a request is refused 403 as a whole; the phase-1 form's object
+itself is included only when the requester may subscribe to it. The policy engine then decides
+on each address (the operator's rules see a `subscribe` from the requester to that address).
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..envelope import MAX_ADDRESS_BYTES, Message
+from ..envelope import MAX_ADDRESS_BYTES, Message, is_stream_address
 from ..routing_table import RoutingTable
 from ..storage.routes import RouteStore
 from .base import Requester, ServiceReply
@@ -33,31 +42,44 @@ class SubscriptionService:
         store: RouteStore,
         quota: int = 100_000,
         on_quota: Callable[[str], None] = lambda _name: None,
-        on_change: Callable[[str, list[str]], Awaitable[None]] | None = None,
+        on_change: Callable[[str, list[str], str], Awaitable[str | None]] | None = None,
+        policy: Callable[[Requester, str], str | None] | None = None,
+        foreign: Callable[[str], bool] = lambda _address: False,
     ) -> None:
         self._table = table
         self._store = store
         self._quota = quota
         self._on_quota = on_quota
-        # Told of every (un)subscription made, e.g. so that other domains' nodes are asked for
-        # what is published to their addresses.
+        # Told of every (un)subscription made, with the runtime that made it, e.g. so that other
+        # domains' nodes are asked for what is published to their streams; a reason it gives
+        # undoes a subscription (a peer refused it).
         self._on_change = on_change
+        # Whether an address belongs to another domain: only its streams are subscribed to
+        # (this node cannot know who holds the rest).
+        self._foreign = foreign
+        # The operator's rules on one subscription: a reason to refuse it, or None.
+        self._policy = policy
 
     async def handle(self, message: Message, requester: Requester) -> ServiceReply:
         if message.type not in ("subscribe", "unsubscribe"):
             return ServiceReply(
                 405, desc=f"the subscription manager does not support '{message.type}'"
             )
-        addresses = requested_resources(message.type, message.body)
+        subscriber = requester.session_id
+        addresses = requested_resources(
+            message.type, message.body, lambda a: self.may_subscribe(subscriber, a)
+        )
         if isinstance(addresses, ServiceReply):
             return addresses
-        subscriber = requester.session_id
         source = message.body.get("source")
         if isinstance(source, str) and source:
             owner = self._table.owner(source)
             if owner is not None and owner != subscriber:
                 return ServiceReply(403, desc=f"source {source!r} belongs to another runtime")
         if message.type == "subscribe":
+            refusal = self._refusal(requester, addresses)
+            if refusal is not None:
+                return ServiceReply(403, desc=refusal)
             held = self._table.holdings(subscriber).subscriptions
             if held + len(addresses) > self._quota:
                 self._on_quota("subscriptions")
@@ -71,12 +93,42 @@ class SubscriptionService:
             await self._store.unsubscribe(subscriber, addresses)
             self._table.unsubscribe(subscriber, addresses)
         if self._on_change is not None:
-            await self._on_change(message.type, addresses)
+            refusal = await self._on_change(message.type, addresses, requester.runtime_url)
+            if refusal is not None and message.type == "subscribe":
+                await self._store.unsubscribe(subscriber, addresses)
+                self._table.unsubscribe(subscriber, addresses)
+                return ServiceReply(403, desc=refusal)
         return ServiceReply(200, affected=len(addresses))
 
+    def may_subscribe(self, session_id: int, address: str) -> bool:
+        """Whether the rule lets this session subscribe to ``address``."""
+        if is_stream_address(address):
+            return True
+        if self._foreign(address):
+            return False
+        holder = self._table.owner(address)
+        return holder is None or holder == session_id
 
-def requested_resources(kind: str, body: dict[str, Any]) -> list[str] | ServiceReply:
-    """The addresses a (un)subscribe body names, or the 400 answer explaining why none."""
+    def _refusal(self, requester: Requester, addresses: list[str]) -> str | None:
+        for address in addresses:
+            if not self.may_subscribe(requester.session_id, address):
+                return (
+                    f"{address!r} belongs to another runtime: a runtime subscribes to data-object "
+                    "streams (…/changes, …/children/…, …/subscription), registration status "
+                    "(…/registration) and its own addresses"
+                )
+            if self._policy is not None:
+                denied = self._policy(requester, address)
+                if denied is not None:
+                    return denied
+        return None
+
+
+def requested_resources(
+    kind: str, body: dict[str, Any], may_subscribe: Callable[[str], bool] = lambda _a: True
+) -> list[str] | ServiceReply:
+    """The addresses a (un)subscribe body names, or the 400 answer explaining why none.
+    ``may_subscribe`` says whether the phase-1 form's object itself is included."""
     found: list[Any]
     if "resources" in body:
         found = _as_list(body["resources"])
@@ -87,7 +139,8 @@ def requested_resources(kind: str, body: dict[str, Any]) -> list[str] | ServiceR
         resource = body["resource"]
         if not isinstance(resource, str) or not resource:
             return ServiceReply(400, desc="body.resource must be an address")
-        found = [resource, f"{resource}/changes"]
+        found = [resource] if kind != "subscribe" or may_subscribe(resource) else []
+        found.append(f"{resource}/changes")
         for child in _as_list(body.get("childrenResources") or []):
             if isinstance(child, str) and child:
                 found.append(child if "://" in child else f"{resource}/children/{child}")

@@ -214,6 +214,13 @@ class SessionRegistry:
             else:
                 if token is None:
                     self._admit_without_token(session, identity)
+                else:
+                    self._admit_with_token(session, identity)
+                proved = session.identity
+                if identity is not None and proved is not None and proved.authenticated:
+                    # The same identity (or, with the token, one for a record that kept no
+                    # key): its latest credential sets how long the node vouches for it.
+                    session.identity = identity
                 await self._rows.set_state(
                     session.id, SessionState.CONNECTED, protect and not session.protected
                 )
@@ -244,6 +251,9 @@ class SessionRegistry:
         ``identity`` may have the runtime's session (checked again by ``attach``)."""
         if token is not None:
             self.check_token(runtime_url, token)
+            session = self._by_runtime.get(runtime_url)
+            if session is not None:
+                self._admit_with_token(session, identity)
             return
         session = self._by_runtime.get(runtime_url)
         if session is not None:
@@ -251,10 +261,12 @@ class SessionRegistry:
 
     @staticmethod
     def _admit_without_token(session: Session, identity: Identity | None) -> None:
-        """Whether a connection presenting no session token may have ``session``."""
+        """Whether a connection presenting no session token may have ``session``: only by
+        proving the identity the session has, i.e. the same key ((issuer, subject) for OpenID
+        Connect; an e-mail address is no key)."""
         proved = session.identity
         if proved is not None and proved.authenticated:
-            if identity is None or identity.user_id != proved.user_id:
+            if not proved.same_as(identity):
                 raise SessionRefused(
                     "this runtime's session belongs to another identity: present its session "
                     "token or that identity's credential"
@@ -262,6 +274,37 @@ class SessionRegistry:
             return
         if session.protected:
             raise SessionRefused("this runtime's session is protected: present its session token")
+
+    @staticmethod
+    def _admit_with_token(session: Session, identity: Identity | None) -> None:
+        """The session token names ``session``; the connection may still not prove another
+        identity than the session's (a session's identity does not change hands)."""
+        proved = session.identity
+        if identity is None or proved is None or not proved.authenticated:
+            return
+        if proved.key is not None and not proved.same_as(identity):
+            raise SessionRefused(
+                "this runtime's session belongs to another identity: present that identity's "
+                "credential"
+            )
+
+    @staticmethod
+    def reauthenticate(session: Session, identity: Identity) -> None:
+        """A fresh credential presented on the session's open connection (``{cmd: 'auth'}``):
+        it must prove the identity the session already has (same key), and then sets how long
+        the node vouches for it. Raises SessionRefused (answer 403), changing nothing."""
+        proved = session.identity
+        if proved is None or not proved.authenticated:
+            raise SessionRefused(
+                "this session proved no identity when it connected: connect again with the "
+                "credential"
+            )
+        if not proved.same_as(identity):
+            raise SessionRefused(
+                "the credential is for another identity than this session's: connect again "
+                "as that identity"
+            )
+        session.identity = identity
 
     def resume(self, attachment: Attachment, received: int) -> None:
         """Replay what was kept for the runtime, then go live (in the background: the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,11 @@ from .upstream import Upstream
 
 # The origin suffix of messages the node numbers itself (from a stub that does not number them).
 NODE_NUMBERED = "n"
+# What a runtime's message is answered (401) once the credential of its identity expired.
+CREDENTIAL_EXPIRED = (
+    "the identity's credential expired; present a fresh one with {cmd:'auth'} "
+    "(docs/stub-protocol.md)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +32,12 @@ class AckHello:
 
 class Session:
     __slots__ = (
+        "_identity",
         "_node_numbered",
         "_senders",
         "attachment",
         "detached_at",
         "id",
-        "identity",
         "key",
         "mailbox",
         "protected",
@@ -39,6 +45,7 @@ class Session:
         "runtime_url",
         "upstream",
         "user_id",
+        "vouched_until",
     )
 
     def __init__(
@@ -62,12 +69,36 @@ class Session:
         self.upstream: Upstream | None = None
         self.detached_at: float | None = time.monotonic()
         self.released = False
-        # Who the runtime proved to be when it connected (None: anonymous).
+        self._identity: Identity | None = None
+        # Until when (seconds since the epoch) the node vouches for the identity: its
+        # credential's expiry; infinity for no identity or one without a known end. Compared
+        # with the clock for every message the runtime sends (routing/ingress.py).
+        self.vouched_until = math.inf
+        self._senders: dict[str, Sender] = {}
+        # Who the runtime proved to be (None: anonymous), with its latest credential.
         self.identity = identity
         # Handed a session token: resumed only by a connection presenting it (or the identity).
         self.protected = protected
         self._node_numbered = epoch << EPOCH_SHIFT
-        self._senders: dict[str, Sender] = {}
+
+    @property
+    def identity(self) -> Identity | None:
+        return self._identity
+
+    @identity.setter
+    def identity(self, identity: Identity | None) -> None:
+        if self._identity is not None and (
+            identity is None or identity.user_id != self._identity.user_id
+        ):
+            self._senders.clear()  # they name the identity in the lane events
+        self._identity = identity
+        expires_at = identity.expires_at if identity is not None else None
+        self.vouched_until = math.inf if expires_at is None else expires_at
+
+    @property
+    def identity_expired(self) -> bool:
+        """The identity's credential has expired: the node no longer vouches for it."""
+        return self.vouched_until <= time.time()
 
     def sender(self, origin: str) -> Sender:
         """How the lane events name this runtime for messages numbered in ``origin``."""

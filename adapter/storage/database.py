@@ -44,10 +44,20 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import StaticPool
 
+from ..private_files import SQLITE_SIDE_FILES, create_private_file, private_dir
 from .direct_pg import DirectPostgres
 from .prepared import Prepared, Rows
 
-__all__ = ["Database", "Prepared", "Rows", "create_engine", "is_sqlite", "sync_url", "upsert"]
+__all__ = [
+    "Database",
+    "Prepared",
+    "Rows",
+    "create_engine",
+    "is_sqlite",
+    "sqlite_files",
+    "sync_url",
+    "upsert",
+]
 
 T = TypeVar("T")
 
@@ -116,6 +126,28 @@ def _pg_options(target: URL, synchronous_commit: bool | None) -> dict[str, Any]:
     return {"options": options + ("on" if synchronous_commit else "off")}
 
 
+def sqlite_files(url: str) -> list[Path]:
+    """The files of a SQLite database URL: the database and the -wal/-shm/-journal files SQLite
+    keeps beside it, whether they exist or not; none for PostgreSQL or an in-memory database."""
+    if not is_sqlite(url):
+        return []
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return []
+    path = Path(database).expanduser()
+    return [path, *(path.with_name(path.name + side) for side in SQLITE_SIDE_FILES)]
+
+
+def _create_private(path: Path) -> None:
+    """The database file, created empty and owner-only before SQLite opens it: it holds the
+    session-signing secret, and SQLite gives its -wal/-shm/-journal files the database file's
+    mode (its own would be the process umask's, usually world-readable). A missing directory is
+    created 0700; an existing one is left as it is."""
+    if not path.parent.is_dir():
+        private_dir(path.parent)
+    create_private_file(path)
+
+
 def create_engine(url: str, echo: bool = False, synchronous_commit: bool | None = None) -> Engine:
     """An engine for the node's database. ``synchronous_commit``: whether a commit waits until it
     is on disk (durable against a crash of the machine); None keeps the database's default
@@ -126,7 +158,7 @@ def create_engine(url: str, echo: bool = False, synchronous_commit: bool | None 
     if sqlite:
         database = target.database or ""
         if database and database != ":memory:":
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            _create_private(Path(database).expanduser())
         else:
             kwargs["poolclass"] = StaticPool  # one in-memory database for the engine's life
         kwargs["connect_args"] = {"check_same_thread": False}

@@ -205,17 +205,22 @@ class NodeCounter(Base):
 
 
 class RemoteSubscription(Base):
-    """Another reTHINK domain's node asked for what is published to an address of this one (for
-    its runtimes subscribed to it): one copy goes to that domain."""
+    """A runtime of another reTHINK domain subscribed, through its node, to a stream of this
+    one: one copy of what is published there goes to that domain while any of its runtimes
+    holds such a row (its node fans it out)."""
 
     __tablename__ = "remote_subscriptions"
     __table_args__ = (
-        UniqueConstraint("address", "domain", name="uq_remote_subscriptions_address_domain"),
+        UniqueConstraint(
+            "domain", "runtime", "address", name="uq_remote_subscriptions_domain_runtime_address"
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     address: Mapped[str] = mapped_column(String(2048))
     domain: Mapped[str] = mapped_column(String(255), index=True)
+    # The peer runtime that asked ("" for rows from before runtimes were named).
+    runtime: Mapped[str] = mapped_column(String(512), server_default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 

@@ -1,7 +1,7 @@
 """What the built-in domain registry keeps: one row per registered hyperty or data object.
 
 Hyperties and data objects share a table: presence, expiry and status notifications treat both
-alike, and each kind only fills its own columns. The schema is owned by migration 0003.
+alike, and each kind only fills its own columns. The schema is owned by migrations 0004 and 0008.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Enum, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Enum, Index, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from .models import Base, BigId
@@ -64,10 +64,14 @@ class RegistryEntry(Base):
     data_schemes: Mapped[list[str]] = mapped_column(JSON)
     # As registered ("live", "created", "disconnected"...); expiry is applied on top of it.
     status: Mapped[str] = mapped_column(String(STATUS_LENGTH))
-    # The `runtime` field as registered, and the runtime whose presence the entry follows: the
-    # session that registered it through the MN, else that field.
+    # The `runtime` field as registered, and the runtime whose presence the entry follows and
+    # who alone may change it: the session that registered it through the MN, else that field.
     runtime: Mapped[str | None] = mapped_column(Text)
     owner: Mapped[str | None] = mapped_column(String(KEY_LENGTH), index=True)
+    # Hyperties: `user_url` was vouched for, by the registering runtime's verified identity or
+    # by the operator (the REST API). An entry registered under a user URL without that gives
+    # way when the verified user registers under it.
+    user_verified: Mapped[bool] = mapped_column(Boolean, server_default=false())
     p2p_requester: Mapped[str | None] = mapped_column(Text)
 
     expires: Mapped[int] = mapped_column(Integer)

@@ -8,6 +8,11 @@ the stored status, and only such a change, is reported. ``sweep`` records it for
 
 An absent registration counts as disconnected: creating one with any other status is a change,
 removing a disconnected one is not.
+
+Ownership (docs/registry-connector.md, "Who may change an entry") is decided inside the same
+transaction as the write it guards, on the locked row: a write by a runtime (``requester``) to
+an entry another runtime owns changes nothing and says so (``Registered.FOREIGN``,
+``Written.refused``). ``requester=None`` is the operator (the REST API): not checked.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy import Connection, Integer, cast, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from .clock import utcnow
@@ -26,6 +31,8 @@ from .database import Database
 from .registry_models import DISCONNECTED, LIVE, EntryKind, RegistryEntry
 
 _T = RegistryEntry
+# The first key of the advisory locks on user URLs (PostgreSQL): "rgu1".
+_USER_LOCK_SPACE = 0x72677531
 _COLUMNS = list(_T.__table__.columns)
 _TIMES = ("starting_time", "last_modified", "expires_at", "disconnected_at")
 
@@ -58,6 +65,7 @@ class Entry:
     expires_at: datetime
     disconnected_at: datetime | None
     detached: bool
+    user_verified: bool = False
 
     def disconnected_since(self, now: datetime) -> datetime | None:
         if self.status == DISCONNECTED:
@@ -78,16 +86,22 @@ class Registered(enum.Enum):
     REPLACED = "replaced"
     # The hyperty URL is registered for another user: the reference answers 404.
     OTHER_USER = "other user"
+    # The URL is registered by another runtime: nothing written.
+    FOREIGN = "foreign"
+    # The user URL is held by another runtime (anonymous registrations): nothing written.
+    USER_HELD = "user held"
 
 
 @dataclass(frozen=True, slots=True)
 class Written:
     """What a write found: ``found`` False when there was no such entry (nothing written);
-    ``changes`` the status changes it made."""
+    ``refused`` True when the entry is another runtime's (nothing written); ``changes`` the
+    status changes it made (on a refusal, only the expiry it recorded)."""
 
     found: bool
     changes: list[StatusChange]
     status_changed: bool = False
+    refused: bool = False
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -148,32 +162,55 @@ class RegistryStore:
         url: str,
         values: dict[str, Any],
         *,
-        owner: str | None,
+        requester: str | None,
         user_url: str | None = None,
         email: str | None = None,
+        user_verified: bool = False,
     ) -> tuple[Registered, list[StatusChange]]:
-        """Create the entry, or replace it whole (keeping its starting time). A hyperty belongs
-        to one user: registering it for another answers ``OTHER_USER``."""
+        """Create the entry, or replace it whole (keeping its starting time). The entry's owner
+        is ``requester``, the runtime registering it, else (the operator) its ``runtime`` field.
+
+        A runtime may replace only an entry it owns (else ``FOREIGN``). A hyperty belongs to one
+        user: registering it for another answers ``OTHER_USER``. For a runtime's hyperty,
+        ``user_verified`` says the caller checked that ``user_url`` is the runtime's verified
+        identity: entries other runtimes registered under that user URL without one are
+        removed. Without it the user URL must not be held by another runtime: the owner of the
+        oldest entry under it (within the grace period) holds it (else ``USER_HELD``)."""
         now = self.now()
+        checked = requester is not None
+        hyperty = kind is EntryKind.HYPERTY
         row = {
             **values,
-            "owner": owner,
+            "owner": requester if checked else values["runtime"],
             "user_url": user_url,
             "email": email,
+            "user_verified": hyperty and (user_verified or not checked),
             "last_modified": now,
             "expires_at": now + timedelta(seconds=values["expires"]),
         }
 
         def op(conn: Connection) -> tuple[Registered, list[StatusChange]]:
             changes: list[StatusChange] = []
+            if hyperty and checked and user_url is not None:
+                # Who holds a user URL is read from rows this registration does not lock:
+                # serialize the registrations under it (SQLite has one writer anyway).
+                self._lock_user(conn, user_url)
             entry = self._current(conn, kind, url, now, changes)
+            if entry is not None and checked and entry.owner != requester:
+                return Registered.FOREIGN, changes
+            if entry is not None and hyperty and entry.user_url != user_url:
+                return Registered.OTHER_USER, changes
+            if hyperty and checked and user_url is not None:
+                assert requester is not None
+                if user_verified:
+                    self._evict_unverified(conn, user_url, requester, changes)
+                elif self._holder(conn, user_url, now) not in (None, requester):
+                    return Registered.USER_HELD, changes
             if entry is None:
                 conn.execute(insert(_T).values(**_new_row(kind, url, row, now)))
                 if row["status"] != DISCONNECTED:
                     changes.append(StatusChange(url, row["status"]))
                 return Registered.CREATED, changes
-            if kind is EntryKind.HYPERTY and entry.user_url != user_url:
-                return Registered.OTHER_USER, changes
             self._write(conn, entry, dict(row), now, changes)
             return Registered.REPLACED, changes
 
@@ -183,13 +220,15 @@ class RegistryStore:
             # Another transaction created the same entry meanwhile (PostgreSQL): now it exists.
             return await self._db.run(op)
 
-    async def keep_alive(self, kind: EntryKind, url: str) -> Written:
+    async def keep_alive(self, kind: EntryKind, url: str, *, requester: str | None) -> Written:
         """The reference's keep-alive: live again, lifetime restarted."""
-        return await self.update(kind, url, {"status": LIVE})
+        return await self.update(kind, url, {"status": LIVE}, requester=requester)
 
-    async def update(self, kind: EntryKind, url: str, values: dict[str, Any]) -> Written:
+    async def update(
+        self, kind: EntryKind, url: str, values: dict[str, Any], *, requester: str | None
+    ) -> Written:
         """Merge ``values`` over the entry; its lifetime restarts (as in the reference, any
-        update counts as a sign of life)."""
+        update counts as a sign of life). Refused when ``requester`` does not own it."""
         now = self.now()
 
         def op(conn: Connection) -> Written:
@@ -197,6 +236,8 @@ class RegistryStore:
             entry = self._current(conn, kind, url, now, changes)
             if entry is None:
                 return Written(False, changes)
+            if requester is not None and entry.owner != requester:
+                return Written(True, changes, refused=True)
             expires = values.get("expires", entry.expires)
             row = {
                 **values,
@@ -208,20 +249,78 @@ class RegistryStore:
 
         return await self._db.run(op)
 
-    async def unregister(self, kind: EntryKind, url: str, user_url: str | None = None) -> Written:
+    async def unregister(
+        self, kind: EntryKind, url: str, user_url: str | None = None, *, requester: str | None
+    ) -> Written:
         """The reference's delete: the entry is marked disconnected (and removed once the grace
-        period is over). A hyperty is unregistered by its own user only."""
+        period is over). A hyperty is unregistered by its own user only, and an entry by its
+        owner only (``requester``)."""
         now = self.now()
 
         def op(conn: Connection) -> Written:
             changes: list[StatusChange] = []
             entry = self._current(conn, kind, url, now, changes)
-            if entry is None or (kind is EntryKind.HYPERTY and entry.user_url != user_url):
+            if entry is None:
+                return Written(False, changes)
+            if requester is not None and entry.owner != requester:
+                return Written(True, changes, refused=True)
+            if kind is EntryKind.HYPERTY and entry.user_url != user_url:
                 return Written(False, changes)
             changed = self._write(conn, entry, {"status": DISCONNECTED}, now, changes)
             return Written(True, changes, changed)
 
         return await self._db.run(op)
+
+    def _gone(self, entry: Entry, now: datetime) -> bool:
+        """Disconnected for longer than the grace period: no longer answered, about to go."""
+        since = entry.disconnected_since(now)
+        return since is not None and since <= now - self._grace
+
+    def _holder(self, conn: Connection, user_url: str, now: datetime) -> str | None:
+        """The runtime holding a user URL: the owner of the oldest hyperty registered under it
+        that is still answered (None when there is none)."""
+        query = (
+            select(*_COLUMNS)
+            .where(_T.kind == EntryKind.HYPERTY, _T.user_url == user_url)
+            .order_by(_T.id)
+        )
+        for row in conn.execute(query):
+            entry = _entry(row)
+            if not self._gone(entry, now):
+                return entry.owner
+        return None
+
+    @staticmethod
+    def _evict_unverified(
+        conn: Connection, user_url: str, requester: str, changes: list[StatusChange]
+    ) -> None:
+        """The verified user registers under its user URL: what other runtimes registered there
+        without a verified identity was never that user's, and goes (a stored status other
+        than disconnected is reported as a change to disconnected)."""
+        query = (
+            select(_T.id, _T.url, _T.status)
+            .where(
+                _T.kind == EntryKind.HYPERTY,
+                _T.user_url == user_url,
+                _T.owner != requester,
+                _T.user_verified.is_(False),
+            )
+            .order_by(_T.id)
+            .with_for_update()
+        )
+        for entry_id, entry_url, status in conn.execute(query).all():
+            conn.execute(delete(_T).where(_T.id == entry_id))
+            if status != DISCONNECTED:
+                changes.append(StatusChange(entry_url, DISCONNECTED))
+
+    @staticmethod
+    def _lock_user(conn: Connection, user_url: str) -> None:
+        """On PostgreSQL, a transaction-scoped advisory lock on the user URL (in the registry's
+        own key space)."""
+        if conn.dialect.name != "postgresql":
+            return
+        space = cast(literal(_USER_LOCK_SPACE), Integer)
+        conn.execute(select(func.pg_advisory_xact_lock(space, func.hashtext(user_url))))
 
     def _current(
         self,

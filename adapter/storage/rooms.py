@@ -40,6 +40,14 @@ class RoomStore:
         }
         await self._db.run(lambda conn: conn.execute(self._upsert, row))
 
+    async def purposes(self, room_id: str) -> set[str]:
+        """What the node uses ``room_id`` for (empty: a room it does not know)."""
+
+        def op(conn: Connection) -> set[str]:
+            return {str(p) for p in conn.execute(select(_R.purpose).where(_R.room_id == room_id))}
+
+        return await self._db.run(op)
+
     async def all(self) -> list[tuple[str, str, str, str]]:
         """(room_id, alias, purpose, creator) of every room the node uses."""
 

@@ -29,7 +29,17 @@ from ..sessions.session import AckHello, Attachment
 from ..sessions.tokens import TokenRejected
 from .acks import AckSender
 from .connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_UNAUTHORIZED, StubConnection
-from .protocol import BadHello, connect_answer, hello_from_query, parse_hello, split_numbered
+from .origins import OriginCheck
+from .protocol import (
+    BadFrame,
+    BadHello,
+    connect_answer,
+    hello_from_query,
+    parse_hello,
+    runtime_url_problem,
+    split_numbered,
+    wire_number,
+)
 
 log = structlog.get_logger(__name__)
 # An acknowledgement frame is tiny; anything longer is a message.
@@ -62,6 +72,7 @@ class StubEndpoint:
         self._acks = acks
         self._metrics = metrics
         self._max_backlog = max_backlog_bytes
+        self._origins = OriginCheck(config.allowed_origins)
         self._open: set[StubConnection] = set()
         # Set while the node stops: frames are no longer read (a numbered message not taken in
         # is sent again by its stub to the next run).
@@ -93,6 +104,10 @@ class StubEndpoint:
             raise web.HTTPServiceUnavailable(text="the node is shutting down; retry later")
         if len(self._open) >= self._config.max_connections:
             raise web.HTTPServiceUnavailable(text="too many stub connections; retry later")
+        refusal = self._origins.refusal(request)
+        if refusal is not None:
+            self._metrics.messages_in.labels("refused_origin").inc()
+            raise web.HTTPForbidden(text=refusal)
         query = request.query
         runtime_url = query.get("runtimeURL")
         token = query.get("token") or None
@@ -104,8 +119,9 @@ class StubEndpoint:
         answer = query.get("hello") == "1" or hello is not None
         if runtime_url is not None:
             # v2: everything is in the query, so a refusal is the upgrade's HTTP status.
-            if not runtime_url.strip():
-                raise web.HTTPBadRequest(text="runtimeURL is empty")
+            problem = runtime_url_problem(runtime_url)
+            if problem is not None:
+                raise web.HTTPBadRequest(text=problem)
             if not answer and self._config.tokenless_sessions == "refuse":
                 raise web.HTTPUnauthorized(
                     text="this node hands every stub a session token: connect with hello=1 "
@@ -230,7 +246,13 @@ class StubEndpoint:
             await self._refuse_oversize(conn, attachment, text, limit)
             return attachment
         if attachment is not None and attachment.upstream is not None and text[:1] == "[":
-            numbered = split_numbered(text)
+            try:
+                numbered = split_numbered(text)
+            except BadFrame as bad:
+                await self._ingress.refuse_frame(
+                    attachment, conn, text, InvalidMessage(400, str(bad))
+                )
+                return attachment
             if numbered is not None:
                 await self._on_numbered(attachment, *numbered)
                 return attachment
@@ -297,11 +319,8 @@ class StubEndpoint:
             numbered_seq, candidate = candidate
             if attachment is not None and attachment.upstream is not None:
                 # Refused is durable too: the stub must not send it again.
-                pending = (
-                    attachment.upstream.take(numbered_seq)
-                    if isinstance(numbered_seq, int)
-                    else None
-                )
+                seq = wire_number(numbered_seq)
+                pending = attachment.upstream.take(seq) if seq else None
                 if pending is not None:
                     attachment.upstream.done(pending)
         partial = candidate if isinstance(candidate, dict) else None
@@ -316,8 +335,8 @@ class StubEndpoint:
         data = frame.get("data") if isinstance(frame.get("data"), dict) else frame.get("body")
         data = data if isinstance(data, dict) else {}
         if cmd == "ack":
-            received = frame.get("received")
-            if attachment is not None and attachment.current and isinstance(received, int):
+            received = wire_number(frame.get("received"))
+            if attachment is not None and attachment.current and received is not None:
                 attachment.session.mailbox.on_ack(received)
             return attachment
         if cmd == "connect":
@@ -340,6 +359,32 @@ class StubEndpoint:
             await conn.send(dumps({"cmd": "disconnect", "response": 200}))
             await conn.close(CLOSE_NORMAL, "disconnected")
             return attachment
+        if cmd == "auth":
+            # A fresh credential for the session's identity (docs/stub-protocol.md, "Credentials").
+            if attachment is None or not attachment.current:
+                await conn.send(control_error(400, "not connected", cmd="auth"))
+                return attachment
+            if data.get("type") is None and data.get("token") is None:
+                await conn.send(control_error(400, "auth needs data {type, token}", cmd="auth"))
+                return attachment
+            try:
+                fresh = await self._authenticate(data.get("type"), data.get("token"))
+                if fresh is None:
+                    raise IdentityRejected("no credential")
+                self._sessions.reauthenticate(attachment.session, fresh)
+            except IdentityRejected as exc:
+                await conn.send(control_error(401, exc.reason, cmd="auth"))
+                return attachment
+            except SessionRefused as exc:
+                await conn.send(control_error(403, exc.reason, cmd="auth"))
+                return attachment
+            except IdentityUnavailable as exc:
+                await conn.send(control_error(503, exc.reason, cmd="auth"))
+                return attachment
+            self._journal.session(attachment.session.runtime_url, "reauthenticated", fresh)
+            expires = int(fresh.expires_at) if fresh.expires_at is not None else None
+            await conn.send(dumps({"cmd": "auth", "response": 200, "data": {"expires": expires}}))
+            return attachment
         await conn.send(control_error(400, f"unknown command {cmd!r}", cmd=str(cmd)))
         return attachment
 
@@ -354,9 +399,13 @@ class StubEndpoint:
             )
             return attachment
         runtime_url = data.get("runtimeURL")
-        if not isinstance(runtime_url, str) or not runtime_url.strip():
-            await conn.send(control_error(400, "connect needs data.runtimeURL", cmd="connect"))
+        problem = runtime_url_problem(runtime_url)
+        if problem is not None:
+            await conn.send(
+                control_error(400, f"connect needs data.runtimeURL: {problem}", cmd="connect")
+            )
             return None
+        assert isinstance(runtime_url, str)
         try:
             hello = parse_hello(data.get("ack"))
         except BadHello as exc:

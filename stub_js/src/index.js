@@ -17,6 +17,10 @@ const ACK_DELAY = 20;
 const ACK_EVERY = 256;
 
 const DEFAULT_RECONNECT = { initialDelay: 500, maxDelay: 30_000, maxAttempts: Infinity };
+// A fresh credential is asked for this long before the current one's `exp` (at most half its
+// remaining life), when `credentials` is a function.
+const DEFAULT_REFRESH_BEFORE = 60_000;
+const MAX_TIMER = 2 ** 31 - 1; // setTimeout's longest delay
 
 let wsImport; // the `ws` package, imported at most once
 
@@ -55,8 +59,11 @@ export class MatrixProtoStub {
     this._offerAcks = config.acknowledged ?? (handshake === 'v1' || this._hello);
     this._stubId = randomId();
     // How the runtime proves who it is: {type: 'matrix' | 'oidc', token}, or a function
-    // returning one (or a promise of one), asked again at every connection attempt.
+    // returning one (or a promise of one), asked again at every connection attempt and, before
+    // an ID token's `exp`, for a fresh one sent on the open socket ({cmd: 'auth'}).
     this._credentials = config.credentials;
+    this._refreshBefore = config.refreshBefore ?? DEFAULT_REFRESH_BEFORE;
+    this._refreshTimer = null;
 
     this._status = undefined;
     this._conn = null; // the socket being set up or live, with its handshake state
@@ -107,6 +114,27 @@ export class MatrixProtoStub {
     const outcome = new Promise((resolve) => this._waiters.push(resolve));
     this._start();
     return outcome;
+  }
+
+  /**
+   * Hands the stub a fresh credential ({type, token}, or a function returning one or a promise
+   * of one, which then replaces `configuration.credentials`). On a live connection it is sent at
+   * once ({cmd: 'auth'}): the node then vouches for the identity until the new token's `exp`.
+   * Every later connection presents it. Never rejects: resolves with the node's answer
+   * ({cmd: 'auth', response: 200, data: {expires}}, or response 401/403/503 with desc), or
+   * with response null when there is no live connection to send it on (it goes with the next).
+   */
+  async setCredential(credential) {
+    this._credentials = credential;
+    const conn = this._conn;
+    if (!conn?.live) return notSent('not connected: the credential goes with the next connection');
+    let auth;
+    try {
+      auth = await this._credential();
+    } catch (err) {
+      return notSent(`no credentials: ${err.message}`);
+    }
+    return this._sendAuth(conn, auth);
   }
 
   /**
@@ -222,7 +250,7 @@ export class MatrixProtoStub {
 
     let auth;
     try {
-      auth = typeof this._credentials === 'function' ? await this._credentials() : this._credentials;
+      auth = await this._credential();
     } catch (err) {
       if (generation === this._generation) this._stop('failed', `no credentials: ${err.message}`);
       return;
@@ -240,6 +268,7 @@ export class MatrixProtoStub {
       error: null,
       timer: null,
       closing: null,
+      authWaiters: [], // callers waiting for the node's answers to {cmd: 'auth'}, in order
     };
     try {
       conn.ws = new WebSocketImpl(this._endpoint(conn.token, conn.auth));
@@ -261,6 +290,81 @@ export class MatrixProtoStub {
       conn.error = event;
     };
     conn.ws.onclose = (event) => this._onClose(conn, event);
+  }
+
+  /** The credential to present now: the configured one, or what the function gives. */
+  async _credential() {
+    return typeof this._credentials === 'function' ? await this._credentials() : this._credentials;
+  }
+
+  /** Sends a fresh credential on the live connection; resolves with the node's answer. */
+  async _sendAuth(conn, auth) {
+    if (!auth?.type || !auth?.token) return notSent('no credential to present');
+    if (conn !== this._conn || !conn.live) return notSent('the connection closed: the credential goes with the next one');
+    const answered = new Promise((resolve) => conn.authWaiters.push(resolve));
+    if (!this._write(conn, JSON.stringify({ cmd: 'auth', data: { type: auth.type, token: auth.token } }))) {
+      conn.authWaiters.pop();
+      return notSent('the connection closed: the credential goes with the next one');
+    }
+    const answer = await answered;
+    if (answer.response === 200) {
+      const previous = tokenExpiry(conn.auth?.token);
+      conn.auth = auth;
+      this._scheduleRefresh(conn, answer.data?.expires, previous);
+    }
+    return answer;
+  }
+
+  /**
+   * When the credentials are a function, asks it for a fresh one before the current token's
+   * `exp` (as the node said, or as the token says) and sends it on the open socket.
+   */
+  _scheduleRefresh(conn, expires, previous) {
+    clearTimeout(this._refreshTimer);
+    this._refreshTimer = null;
+    if (typeof this._credentials !== 'function') return;
+    const exp = Number.isFinite(expires) ? expires : tokenExpiry(conn.auth?.token);
+    if (!Number.isFinite(exp)) return; // no known end
+    if (Number.isFinite(previous) && exp <= previous) {
+      // The function gave no fresher token: asking again would only loop.
+      warn('the credentials function gave no fresher token; the node stops vouching at its exp');
+      return;
+    }
+    const dueAt = exp * 1000 - Math.min(this._refreshBefore, Math.max(0, exp * 1000 - Date.now()) / 2);
+    const wait = () => {
+      const delay = dueAt - Date.now();
+      if (delay > 0) {
+        this._refreshTimer = setTimeout(wait, Math.min(delay, MAX_TIMER));
+        return;
+      }
+      this._refreshTimer = null;
+      this._refresh(conn, exp).catch((err) => warn('unexpected error while refreshing the credential', err));
+    };
+    wait();
+  }
+
+  async _refresh(conn, exp) {
+    if (conn !== this._conn || !conn.live) return;
+    let auth;
+    try {
+      auth = await this._credential();
+    } catch (err) {
+      warn(`no fresh credential: ${err.message}`);
+      return;
+    }
+    const fresh = tokenExpiry(auth?.token);
+    if (Number.isFinite(fresh) && fresh <= exp) {
+      warn('the credentials function gave no fresher token; the node stops vouching at its exp');
+      return;
+    }
+    const answer = await this._sendAuth(conn, auth);
+    if (answer.response !== 200 && answer.response !== null) this._onError(answer);
+  }
+
+  _settleAuth(conn, desc) {
+    const waiters = conn.authWaiters;
+    conn.authWaiters = [];
+    for (const resolve of waiters) resolve(notSent(desc));
   }
 
   async _webSocketClass() {
@@ -368,6 +472,10 @@ export class MatrixProtoStub {
       return this._stop('failed', `handshake refused: ${describeAnswer(frame)}`);
     }
     if (frame.cmd === 'disconnect') return conn.closing?.();
+    if (frame.cmd === 'auth') {
+      const resolve = conn.authWaiters.shift();
+      if (resolve) return resolve(frame);
+    }
     if (frame.cmd === 'ack' && conn.acks) return this._onAck(conn, frame.seq);
     this._onError(frame); // cmd:'error', or the answer to a command the node does not know
   }
@@ -383,15 +491,19 @@ export class MatrixProtoStub {
     // Everything not acknowledged goes (again) on this connection, in order.
     conn.sent = 0;
     this._flush(conn);
+    this._scheduleRefresh(conn);
     this._postStatus('live', answer?.session ? `session ${answer.session}` : undefined);
     this._settleWaiters('live');
   }
 
   _onClose(conn, event) {
     clearTimeout(conn.timer);
+    this._settleAuth(conn, 'the connection closed: the credential goes with the next one');
     if (conn.closing) return conn.closing(); // disconnect() is waiting for exactly this
     if (conn !== this._conn) return;
     this._conn = null;
+    clearTimeout(this._refreshTimer);
+    this._refreshTimer = null;
     const how = describeClose(event);
     if (conn.live) return this._onLost(event.code, how);
     if (event.code === CLOSE_UNAUTHORIZED) {
@@ -460,6 +572,8 @@ export class MatrixProtoStub {
     this._generation += 1;
     clearTimeout(this._retryTimer);
     this._retryTimer = null;
+    clearTimeout(this._refreshTimer);
+    this._refreshTimer = null;
     this._queue = [];
     clearTimeout(this._ackTimer);
     this._ackTimer = null;
@@ -467,7 +581,12 @@ export class MatrixProtoStub {
 
   _abandon(conn) {
     clearTimeout(conn.timer);
-    if (this._conn === conn) this._conn = null;
+    this._settleAuth(conn, 'the connection closed: the credential goes with the next one');
+    if (this._conn === conn) {
+      this._conn = null;
+      clearTimeout(this._refreshTimer);
+      this._refreshTimer = null;
+    }
     try {
       conn.ws.close(CLOSE_NORMAL);
     } catch {
@@ -562,6 +681,23 @@ function refusedWith(errorEvent) {
 
 function describeClose(event) {
   return `code ${event.code}${event.reason ? `: ${event.reason}` : ''}`;
+}
+
+function notSent(desc) {
+  return { cmd: 'auth', response: null, desc };
+}
+
+/** An ID token's `exp` (seconds since the epoch), read without checking it; undefined if none. */
+function tokenExpiry(token) {
+  const payload = typeof token === 'string' ? token.split('.') : [];
+  if (payload.length !== 3) return undefined;
+  try {
+    const base64 = payload[1].replace(/-/g, '+').replace(/_/g, '/');
+    const exp = JSON.parse(atob(base64.padEnd(Math.ceil(base64.length / 4) * 4, '='))).exp;
+    return Number.isFinite(exp) ? exp : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 function describeAnswer(frame) {

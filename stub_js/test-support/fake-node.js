@@ -68,7 +68,8 @@ export function fakeBus() {
  * unless `holdAcks` is set; `conn.deliver(msg, dseq, origin, oseq)` sends a numbered delivery).
  * Mutable knobs: `rejectedTokens` (a Set; v1 answers 401, v2 upgrade gets HTTP 401); `dropNext`
  * (that many next sockets are cut right after the upgrade); `silent` (v1 connects go unanswered);
- * `holdAcks` (numbered messages are taken but not acknowledged).
+ * `holdAcks` (numbered messages are taken but not acknowledged); `answerAuth` (a function from a
+ * `{cmd: 'auth'}` frame to the answer; by default 200 with the token's `exp` as `data.expires`).
  */
 export async function startFakeNode(options = {}) {
   const server = http.createServer((req, res) => res.writeHead(404).end());
@@ -80,6 +81,7 @@ export async function startFakeNode(options = {}) {
     dropNext: 0,
     silent: false,
     holdAcks: false,
+    answerAuth: (frame) => ({ cmd: 'auth', response: 200, data: { expires: jwtExp(frame.data?.token) ?? null } }),
     url: '',
     tokensIssued: 0,
     accepted: new Map(), // stub instance -> highest message number taken
@@ -168,6 +170,9 @@ export async function startFakeNode(options = {}) {
           } else {
             answerConnect(conn, frame.data.runtimeURL, frame.data.ack);
           }
+        } else if (frame.cmd === 'auth') {
+          const answer = node.answerAuth(frame);
+          if (answer) conn.send(answer);
         } else if (frame.cmd === 'disconnect' && options.answerDisconnect !== false) {
           conn.send({ cmd: 'disconnect', response: 200 });
           ws.close(1000);
@@ -179,6 +184,20 @@ export async function startFakeNode(options = {}) {
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   node.url = `ws://127.0.0.1:${server.address().port}/stub/connect`;
   return node;
+}
+
+/** An unsigned JWT with these claims (the fake node reads it, nobody checks it). */
+export function fakeJwt(claims) {
+  const part = (obj) => Buffer.from(JSON.stringify(obj)).toString('base64url');
+  return `${part({ alg: 'RS256', typ: 'JWT' })}.${part(claims)}.c2ln`;
+}
+
+function jwtExp(token) {
+  try {
+    return JSON.parse(Buffer.from(String(token).split('.')[1], 'base64url').toString()).exp;
+  } catch {
+    return undefined;
+  }
 }
 
 /** A port nothing listens on. */

@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from adapter.config import DomainRegistryConfig
 from adapter.envelope import Message, parse
+from adapter.identity.model import Identity
 from adapter.services.base import Requester, ServiceReply
 from adapter.services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from adapter.storage.database import Database
@@ -59,9 +60,15 @@ class Harness:
         }
         return parse(json.dumps(frame))
 
-    async def send(self, kind: str, body: dict[str, Any], runtime: str = RT1) -> ServiceReply:
+    async def send(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        runtime: str = RT1,
+        identity: Identity | None = None,
+    ) -> ServiceReply:
         message = self.message(kind, body, runtime)
-        return await self.built.service.handle(message, Requester(1, runtime))
+        return await self.built.service.handle(message, Requester(1, runtime, identity))
 
     async def register_hyperty(
         self,
@@ -71,6 +78,7 @@ class Harness:
         runtime: str = RT1,
         resources: tuple[str, ...] = ("chat",),
         schemes: tuple[str, ...] = ("comm",),
+        identity: Identity | None = None,
         **extra: Any,
     ) -> ServiceReply:
         # Registry.js registerHyperty: the runtime field names the registering runtime.
@@ -85,7 +93,7 @@ class Harness:
             "status": "live",
             **extra,
         }
-        return await self.send("create", {"value": value, "policy": "policy"}, runtime)
+        return await self.send("create", {"value": value, "policy": "policy"}, runtime, identity)
 
     async def register_object(
         self,

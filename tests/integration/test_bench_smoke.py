@@ -69,6 +69,13 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
     assert {("fed_latency", "bare_cross"), ("fed_pub_10000_event", "bare_cross")} <= tests
     loss = next(c for c in report["checks"] if c["check"].startswith("federation: zero loss"))
     assert loss["met"] is True, loss
+    # A hostile runtime beside a crowd: both arms ran, every attack was tried and got nothing.
+    for arm in ("alone", "with"):
+        row = next(r for r in rows if r["test"] == f"hostile_crowd_10x2_{arm}")
+        assert "error" not in row and row["lost"] == 0, row
+    beside = next(r for r in rows if r["test"] == "hostile_crowd_10x2_with")["companion"]
+    assert set(beside["attempts"]) >= {"fuzz", "seq_overflow", "subscribe_hyperty"}, beside
+    assert beside["obtained"] == {} and beside["victim_pings_lost"] == 0, beside
 
 
 async def test_unknown_benchmark_group_is_refused() -> None:
@@ -84,8 +91,8 @@ async def test_unknown_benchmark_group_is_refused() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     assert (
-        "--only takes allocation, bare, crowd, federation, latency, memory, messaging, "
-        "publication" in err.decode()
+        "--only takes allocation, bare, crowd, federation, hostile, latency, memory, "
+        "messaging, publication" in err.decode()
     )
 
 

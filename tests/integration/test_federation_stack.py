@@ -15,7 +15,6 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 import pytest_asyncio
-from ruamel.yaml import YAML
 
 from adapter.config import parse_config
 from adapter.configfile import write_registration
@@ -23,6 +22,7 @@ from adapter.localstack.federation import server_name_for, start_homeservers
 from adapter.localstack.synapse import FederationSettings, SynapseSettings, free_port
 from adapter.localstack.tls import KeyPair, ensure_server_certificate
 from adapter.localstack.up import start_two_homeservers
+from adapter.private_files import dump_private_yaml
 from appservice.registration import build_registration
 
 from ..conftest import APPSERVICE_ID, FederatedHomeserver, Federation
@@ -81,7 +81,7 @@ async def stranger_homeserver(
     server_name = server_name_for(fed_port)
     as_token = secrets.token_urlsafe(24)
     registration = data_dir / "registration.yaml"
-    YAML().dump(
+    dump_private_yaml(
         build_registration(
             appservice_id="stranger",
             url=f"http://127.0.0.1:{as_port}",

@@ -175,6 +175,14 @@ async def test_bad_documents_are_refused_with_their_problems(api: Api) -> None:
     assert resp.status == 400 and (await resp.json())["issues"][0]["path"] == "id"
     resp = await c.put("/_rethink/policy/rules/x", headers=AUTH, data=b"{not json")
     assert resp.status == 400 and (await resp.json())["errcode"] == "M_NOT_JSON"
+    for depth in (100_000, 1000, 65):  # beyond the parser's limit, Python's stack, the API's
+        deep = b"[" * depth + b"]" * depth
+        resp = await c.put("/_rethink/policy/rules/x", headers=AUTH, data=deep)
+        assert resp.status == 400, depth
+    for depth in (1000, 65):
+        deep_rule = b'{"effect":"deny","condition":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+        resp = await c.put("/_rethink/policy/rules/x", headers=AUTH, data=deep_rule)
+        assert resp.status == 400, depth
     resp = await c.put("/_rethink/policy/rules/" + "x" * 65, headers=AUTH, json=GMAIL_RULE)
     assert resp.status == 400
     resp = await c.put("/_rethink/policy/rules/x", headers=AUTH, data=b" " * (300 * 1024))

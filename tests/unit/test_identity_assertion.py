@@ -22,6 +22,8 @@ ALICE_OIDC = Identity(
     username="alice@gmail.com",
     display_name="Alice",
     expires_at=2_000_000_000,
+    issuer="https://accounts.google.com",
+    subject="1",
 )
 ALICE_MATRIX = Identity(
     user_id="@alice:example.org",
@@ -72,6 +74,18 @@ def id_token(**claims: Any) -> str:
         ({"identity": "user://gmail.com/alice"}, ALICE_OIDC, "match"),
         # the IdP's token instead of the profile
         ({"idToken": id_token(sub="1", email="alice@gmail.com")}, ALICE_OIDC, "match"),
+        (
+            {"idToken": id_token(sub="1", email="alice@gmail.com", email_verified=True)},
+            ALICE_OIDC,
+            "match",
+        ),
+        # the same e-mail for another subject is someone else, verified or not
+        ({"idToken": id_token(sub="2", email="alice@gmail.com")}, ALICE_OIDC, "mismatch"),
+        (
+            {"idToken": id_token(sub="2", email="alice@gmail.com", email_verified=True)},
+            ALICE_OIDC,
+            "mismatch",
+        ),
         # a Matrix-authenticated session asserting its user in any spelling
         (
             {"identity": {"userProfile": {"userURL": "user://example.org/alice"}}},

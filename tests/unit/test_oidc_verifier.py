@@ -14,7 +14,7 @@ import pytest_asyncio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from adapter.identity import IdentityRejected, IdentityUnavailable
+from adapter.identity import Identity, IdentityRejected, IdentityUnavailable
 from adapter.identity.oidc import OidcConfigError, OidcVerifier
 
 from ..support.fake_idp import AUDIENCE, FakeIdp, idp, rsa_key
@@ -242,3 +242,125 @@ async def test_keys_held_survive_an_idp_outage(http: aiohttp.ClientSession, idp:
         assert (await check.verify(idp.token(key, "k-out"))).username == "alice@gmail.com"
     finally:
         idp.up = True
+
+
+# -- who a token proves: (iss, sub); e-mail only when the IdP verified it ------------------------
+
+
+@pytest.mark.parametrize(
+    ("email_verified", "uses_email"),
+    [
+        (None, False),  # the claim is missing
+        ("false", False),
+        (False, False),
+        ("true", False),  # only the boolean true says the IdP verified the address
+        (True, True),
+    ],
+)
+async def test_email_is_used_only_when_verified_and_is_never_the_key(
+    http: aiohttp.ClientSession, idp: FakeIdp, email_verified: Any, uses_email: bool
+) -> None:
+    key = rsa_key()
+    kid = f"k-ev-{email_verified!r}"
+    idp.publish(kid, key)
+    # None leaves the claim out of the token.
+    token = idp.token(
+        key, kid, sub="sub-42", email="victim@gmail.com", email_verified=email_verified
+    )
+    identity = await verifier(http, idp).verify(token)
+    assert identity.key == ("oidc", idp.url, "sub-42")
+    assert (identity.issuer, identity.subject) == (idp.url, "sub-42")
+    if uses_email:
+        assert identity.user_id == "user://gmail.com/victim"
+        assert identity.username == "victim@gmail.com"
+        assert "victim@gmail.com" in identity.aliases()
+    else:
+        assert identity.user_id == "user://127.0.0.1/sub-42"
+        assert identity.username == "sub-42"
+        assert "victim@gmail.com" not in identity.aliases()
+        assert identity.to_rethink()["userProfile"]["userURL"] == "user://127.0.0.1/sub-42"
+    assert "user://127.0.0.1/sub-42" in identity.aliases()
+
+
+async def test_the_same_email_for_another_subject_is_another_identity(
+    http: aiohttp.ClientSession, idp: FakeIdp
+) -> None:
+    key = rsa_key()
+    idp.publish("k-same-email", key)
+    check = verifier(http, idp)
+    victim = await check.verify(idp.token(key, "k-same-email", sub="victim"))
+    # An attacker's own valid token naming the victim's address, not verified ...
+    for verified in (None, "false"):
+        attacker = await check.verify(
+            idp.token(key, "k-same-email", sub="attacker", email_verified=verified)
+        )
+        assert attacker.user_id != victim.user_id
+        assert not victim.same_as(attacker) and not attacker.same_as(victim)
+    # ... or even verified: the address is an attribute, the subject is who it is.
+    verified_too = await check.verify(idp.token(key, "k-same-email", sub="attacker"))
+    assert verified_too.user_id == victim.user_id == "user://gmail.com/alice"
+    assert verified_too.key != victim.key and not victim.same_as(verified_too)
+    # The victim's own next token is the victim.
+    again = await check.verify(idp.token(key, "k-same-email", sub="victim", name="Alice L."))
+    assert victim.same_as(again)
+
+
+async def test_the_issuer_is_part_of_the_key(http: aiohttp.ClientSession, idp: FakeIdp) -> None:
+    key = rsa_key()
+    idp.publish("k-iss", key)
+    ours = verifier(http, idp)
+    # A token of another issuer (signed with a key the verifier knows) is refused ...
+    with pytest.raises(IdentityRejected, match="another issuer"):
+        await ours.verify(idp.token(key, "k-iss", iss="https://other.example"))
+    # ... and the same subject at another issuer is another identity.
+    other = OidcVerifier(
+        http, issuer="https://other.example", audience=AUDIENCE, jwks_uri=f"{idp.url}/jwks"
+    )
+    here = await ours.verify(idp.token(key, "k-iss", sub="s1"))
+    there = await other.verify(idp.token(key, "k-iss", sub="s1", iss="https://other.example"))
+    assert here.key == ("oidc", idp.url, "s1")
+    assert there.key == ("oidc", "https://other.example", "s1")
+    assert not here.same_as(there)
+
+
+async def test_exp_is_kept_and_enforced_without_leeway(
+    http: aiohttp.ClientSession, idp: FakeIdp
+) -> None:
+    key = rsa_key()
+    idp.publish("k-exp", key)
+    check = verifier(http, idp)  # 30 s of leeway for clock skew on nbf/iat
+    now = int(time.time())
+    # The node vouches until exp, not a moment longer: a token 5 s past it proves nothing.
+    with pytest.raises(IdentityRejected, match="expired"):
+        await check.verify(idp.token(key, "k-exp", exp=now - 5, iat=now - 60))
+    # A numeric string exp is an end too, not "no end".
+    identity = await check.verify(idp.token(key, "k-exp", exp=str(now + 120)))
+    assert identity.expires_at == float(now + 120)
+
+
+async def test_identity_records_keep_the_key_and_older_records_load() -> None:
+    identity = Identity(
+        "user://gmail.com/alice",
+        "idp.example",
+        "oidc",
+        True,
+        "alice@gmail.com",
+        expires_at=2_000_000_000.0,
+        issuer="https://idp.example",
+        subject="s-1",
+    )
+    again = Identity.from_record(identity.to_record())
+    assert again == identity and again.key == ("oidc", "https://idp.example", "s-1")
+    assert again.same_as(identity)
+    # A record kept before the key was: loadable, but nothing proves to be it any more (its
+    # user URL may have come from an unverified address).
+    older = Identity.from_record(
+        '{"user_id": "user://gmail.com/alice", "idp_domain": "idp.example", "method": "oidc",'
+        ' "authenticated": true, "username": "alice@gmail.com", "display_name": null,'
+        ' "expires_at": 2000000000.0, "some_later_field": 1}'
+    )
+    assert older.user_id == "user://gmail.com/alice" and older.key is None
+    assert not older.same_as(identity) and not identity.same_as(older)
+    assert not older.same_as(older)
+    matrix = Identity("@a:hs", "hs", "matrix", True, "@a:hs")
+    assert Identity.from_record(matrix.to_record()).same_as(matrix)

@@ -80,12 +80,16 @@ def test_other_domains_subscriptions_are_destinations() -> None:
     table = RoutingTable()
     table.add_runtime(1, "runtime://a/1")
     table.subscribe(1, ["comm://a/o/changes"])
-    table.subscribe_domain("b.example", ["comm://a/o/changes"])
-    table.subscribe_domain("c.example", ["comm://a/o/changes"])
+    table.subscribe_domain("b.example", "runtime://b.example/1", ["comm://a/o/changes"])
+    table.subscribe_domain("b.example", "runtime://b.example/2", ["comm://a/o/changes"])
+    table.subscribe_domain("c.example", "runtime://c.example/1", ["comm://a/o/changes"])
     found = table.destinations(("comm://a/o/changes",), None)
     assert found.sessions == {1} and found.domains == {"b.example", "c.example"}
-    table.unsubscribe_domain("b.example", ["comm://a/o/changes"])
+    # A domain stays a destination while any of its runtimes holds the subscription.
+    table.unsubscribe_domain("b.example", "runtime://b.example/1", ["comm://a/o/changes"])
+    assert table.destinations(("comm://a/o/changes",), None).domains == {"b.example", "c.example"}
+    table.unsubscribe_domain("b.example", "runtime://b.example/2")  # its session ended
     assert table.destinations(("comm://a/o/changes",), None).domains == {"c.example"}
     table.unsubscribe(1, ["comm://a/o/changes"])
-    table.unsubscribe_domain("c.example", ["comm://a/o/changes"])
+    table.unsubscribe_domain("c.example", "runtime://c.example/1", ["comm://a/o/changes"])
     assert not table.destinations(("comm://a/o/changes",), None).known

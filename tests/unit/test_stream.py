@@ -91,3 +91,148 @@ async def test_a_batch_refused_as_too_large_is_split_and_nothing_is_lost_or_reor
     assert [e["i"] for _, batch in intent.sent for e in batch] == [-1, *range(40)]
     assert all(len(batch) <= 7 for _, batch in intent.sent)
     assert sum(n for n, _ in done) == 41
+
+
+class PoisonIntent(FakeIntent):
+    """Refuses any event holding an entry marked poison, as Synapse refuses an event holding an
+    integer beyond 2^53 (400 M_BAD_JSON); or answers ``status`` for the first ``refusals``."""
+
+    def __init__(self, status: int = 400, refusals: int = 0) -> None:
+        super().__init__()
+        self.status = status
+        self.refusals = refusals
+        self.refreshes = 0
+
+    async def send_event(self, room_id: str, event_type: str, content: bytes, txn_id: str) -> str:
+        entries = orjson.loads(content)["entries"]
+        if self.refusals:
+            self.refusals -= 1
+            raise MatrixError(self.status, "M_X", "refused", "send")
+        if any(e.get("poison") for e in entries):
+            raise MatrixError(400, "M_BAD_JSON", "JSON integer out of range", "send")
+        return await super().send_event(room_id, event_type, content, txn_id)
+
+
+class Numbered:
+    """A stream numbering its events as lanes do: the number counts once persisted."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.numbers: list[int] = []
+
+    def header(self) -> dict[str, Any]:
+        return {"n": self.n + 1}
+
+    def sent(self, batch: list[Any], event_id: str) -> None:
+        self.n += 1
+
+
+def poisoned_stream(
+    intent: FakeIntent, refused: list[bytes], numbered: Numbered | None = None
+) -> BatchStream[bytes]:
+    async def target(refresh: bool) -> tuple[Any, str]:
+        if refresh and isinstance(intent, PoisonIntent):
+            intent.refreshes += 1
+        return intent, "!room"
+
+    async def on_refused(item: bytes, refusal: MatrixError) -> None:
+        assert refusal.status == 400
+        refused.append(item)
+
+    numbered = numbered or Numbered()
+    return BatchStream(
+        "test",
+        JournalEncoder(),
+        numbered.header,
+        target,
+        NodeMetrics(CollectorRegistry()),
+        StreamLimits(retry_initial=0.01, retry_max=0.02),
+        on_sent=numbered.sent,
+        on_refused=on_refused,
+    )
+
+
+async def test_an_item_the_homeserver_refuses_is_isolated_answered_and_the_stream_goes_on() -> None:
+    intent = PoisonIntent()
+    refused: list[bytes] = []
+    numbered = Numbered()
+    s = poisoned_stream(intent, refused, numbered)
+    s.push(b'{"i":-1}')
+    await asyncio.sleep(0)  # in flight: the rest queue into one batch with the poison inside
+    for i in range(40):
+        s.push(orjson.dumps({"i": i, "poison": i == 23}))
+    assert await s.flush(5)
+    assert refused == [orjson.dumps({"i": 23, "poison": True})]
+    delivered = [e["i"] for _, batch in intent.sent for e in batch]
+    assert delivered == [-1, *(i for i in range(40) if i != 23)]
+    # And the stream still sends what comes after.
+    s.push(b'{"i":99}')
+    assert await s.flush(5)
+    assert intent.sent[-1][1] == [{"i": 99}]
+
+
+async def test_split_and_refused_batches_leave_no_gap_in_the_event_numbers() -> None:
+    intent = PoisonIntent()
+    numbered = Numbered()
+    numbers: list[int] = []
+    original = intent.send_event
+
+    async def record(room_id: str, event_type: str, content: bytes, txn_id: str) -> str:
+        event_id = await original(room_id, event_type, content, txn_id)
+        numbers.append(orjson.loads(content)["n"])
+        return event_id
+
+    intent.send_event = record  # type: ignore[method-assign]
+    s = poisoned_stream(intent, [], numbered)
+    s.push(b'{"i":-1}')
+    await asyncio.sleep(0)
+    for i in range(30):
+        s.push(orjson.dumps({"i": i, "poison": i % 7 == 3}))
+    assert await s.flush(5)
+    assert numbers == list(range(1, len(numbers) + 1)) and numbered.n == len(numbers)
+
+
+async def test_rate_limits_and_server_errors_are_retried_not_refused() -> None:
+    for status in (429, 500, 408):
+        intent = PoisonIntent(status=status, refusals=3)
+        refused: list[bytes] = []
+        s = poisoned_stream(intent, refused)
+        s.push(b'{"i":1}')
+        assert await s.flush(5)
+        assert refused == [] and [b for _, b in intent.sent] == [[{"i": 1}]], status
+
+
+async def test_a_room_refusal_provisions_the_room_again_and_retries() -> None:
+    intent = PoisonIntent(status=403, refusals=2)
+    refused: list[bytes] = []
+    s = poisoned_stream(intent, refused)
+    s.push(b'{"i":1}')
+    assert await s.flush(5)
+    assert refused == [] and intent.refreshes == 2 and len(intent.sent) == 1
+
+
+class MediaIntent(FakeIntent):
+    def __init__(self) -> None:
+        super().__init__(fail_first=3)
+        self.uploads = 0
+
+    async def upload(self, data: bytes, content_type: str, filename: str) -> str:
+        self.uploads += 1
+        return f"mxc://hs/{self.uploads}"
+
+    async def send_event(self, room_id: str, event_type: str, content: Any, txn_id: str) -> str:
+        self.txn_ids.append(txn_id)
+        if self.fail_first:
+            self.fail_first -= 1
+            raise HomeserverUnreachable("down")
+        self.sent.append((txn_id, [content]))
+        return f"$e{len(self.sent)}"
+
+
+async def test_a_media_batch_is_uploaded_once_however_often_its_event_is_retried() -> None:
+    intent = MediaIntent()
+    done: list[tuple[int, str]] = []
+    s = stream(intent, done)
+    s.push(orjson.dumps({"blob": "x" * 70_000}))  # beyond an event: travels as media
+    assert await s.flush(5)
+    assert intent.uploads == 1 and intent.txn_ids == ["t1"] * 4 and len(done) == 1

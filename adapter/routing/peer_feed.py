@@ -1,0 +1,293 @@
+"""One peer domain's room for this node: its events handled strictly in the order of the
+writer's numbers ``n`` (consecutive), however they arrive, within bounds a peer cannot push.
+
+The push brings most events. An event that arrives early (its predecessors are missing: the push
+lost them at a restart of the homeserver, or the homeserver has not fetched them over federation
+yet) is held; the missing ones are looked for in the room, reading it backwards from its newest
+event (which makes Synapse fetch what it lacks from the peer's server), with back-off.
+
+What a peer can do to this node is bounded:
+- held events: at most ``MAX_HELD_EVENTS`` and ``MAX_HELD_BYTES``; beyond, the events furthest
+  from the gap are let go (they stay in the room and are read again once the gap is closed);
+- a gap: declared lost after ``GAP_DEADLINE_SECONDS`` (logged, counted), and the feed goes on
+  with the next event it has;
+- an event that cannot be handled (its media cannot be fetched): retried with back-off for
+  ``EVENT_RETRY_SECONDS``, then skipped (logged, counted); the feed never dies of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+import structlog
+
+from appservice.intent import Intent
+
+from .. import carrier
+from ..observability import NodeMetrics
+from .federation import event_number
+from .peers import Peer
+
+log = structlog.get_logger(__name__)
+
+PAGE = 100
+MAX_HELD_EVENTS = 256
+MAX_HELD_BYTES = 4 * 1024 * 1024
+GAP_DEADLINE_SECONDS = 30.0
+EVENT_RETRY_SECONDS = 30.0
+RETRY_MAX_SECONDS = 5.0
+
+
+class PeerFeed:
+    def __init__(
+        self,
+        room_id: str,
+        peer: Peer,
+        position: str | None,
+        handle: Callable[[dict[str, Any]], Awaitable[None]],
+        bot: Intent,
+        metrics: NodeMetrics,
+        last_n: int = 0,
+    ) -> None:
+        self.room_id = room_id
+        self.peer = peer
+        self._position = position  # the last event handled (recovery starts after it)
+        self._handle = handle
+        self._bot = bot
+        self._metrics = metrics
+        self._filter = {"types": [carrier.BATCH_EVENT], "senders": [peer.bot]}
+        self._last_n = last_n
+        self._queue: deque[dict[str, Any]] = deque()
+        self._held: dict[int, tuple[dict[str, Any], int]] = {}  # n -> (event, its size)
+        self._held_bytes = 0
+        self._gap_since: float | None = None
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+    def push(self, events: list[dict[str, Any]]) -> None:
+        self._queue.extend(events)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"peer-feed-{self.peer.domain}")
+
+    def start_here(self) -> None:
+        """Take pushed events from now on, without reading what the room held before (a room
+        this node's database did not know: its history was for another database's sessions)."""
+        self._ready.set()
+
+    def start(self) -> None:
+        self._starting = asyncio.create_task(self._start(), name=f"peer-feed-start-{self.room_id}")
+
+    async def _start(self) -> None:
+        """Read what the room holds after the last event handled (everything, for a room just
+        joined), then take pushed events."""
+        delay = 0.25
+        while True:
+            try:
+                if self._position is None:
+                    # Just joined: what the peer sent before the join is not on this server
+                    # yet, and reading backwards is what makes it fetch that history.
+                    await self._read_backward()
+                else:
+                    await self._read_forward()
+                await self._deliver_held()
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
+                log.warning("peer feed not ready; retrying", peer=self.peer.domain, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self._ready.set()
+        self.push([])
+
+    async def close(self) -> None:
+        for task in (self._starting, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    # -- holding ------------------------------------------------------------------------------
+
+    def _hold(self, event: dict[str, Any]) -> None:
+        if event.get("sender") != self.peer.bot:
+            return
+        n = event_number(event.get("content"))
+        if n <= self._last_n or n in self._held:
+            return
+        # The next event is handled at once; only those after a gap cost memory while held.
+        size = 0 if n == self._last_n + 1 else len(orjson.dumps(event))
+        while self._held and (
+            len(self._held) >= MAX_HELD_EVENTS or self._held_bytes + size > MAX_HELD_BYTES
+        ):
+            furthest = max(self._held)
+            if furthest < n:
+                self._metrics.peer_events.labels("not_held").inc()
+                return  # further from the gap than everything held: read again later
+            self._held_bytes -= self._held.pop(furthest)[1]
+            self._metrics.peer_events.labels("not_held").inc()
+        self._held[n] = (event, size)
+        self._held_bytes += size
+
+    async def _read_forward(self) -> None:
+        """What the room holds after the position, into the held events."""
+        start: str | None = None
+        if self._position is not None:
+            found = await self._bot.context(self.room_id, self._position)
+            if found is not None:
+                start = found.get("end")
+                self._last_n = max(
+                    self._last_n, event_number(found.get("event", {}).get("content"))
+                )
+        while True:
+            page = await self._bot.messages(
+                self.room_id, start=start, direction="f", limit=PAGE, event_filter=self._filter
+            )
+            for event in page["chunk"]:
+                self._hold(event)
+            end = page.get("end")
+            if not page["chunk"] or not isinstance(end, str) or end == start:
+                break
+            start = end
+            if len(self._held) >= MAX_HELD_EVENTS:
+                await self._deliver_held()  # make room, then read on
+
+    async def _read_backward(self) -> None:
+        """Hold what the room has after the last event delivered, reading from its newest.
+        Paginating backwards is what makes Synapse fetch events it lacks from the server that
+        sent them."""
+        start: str | None = None
+        while True:
+            page = await self._bot.messages(
+                self.room_id, start=start, direction="b", limit=PAGE, event_filter=self._filter
+            )
+            lowest = None
+            for event in page["chunk"]:
+                self._hold(event)
+                n = event_number(event.get("content"))
+                lowest = n if lowest is None else min(lowest, n)
+            end = page.get("end")
+            if (
+                not page["chunk"]
+                or not isinstance(end, str)
+                or (lowest is not None and lowest <= self._last_n + 1)
+            ):
+                return
+            start = end
+
+    # -- handling -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._ready.wait()
+            while self._queue:
+                self._take_queue()
+                await self._deliver_held()
+                delay = 0.25
+                while self._held:
+                    # A gap: the events before the held ones are not here yet.
+                    if self._gap_since is None:
+                        self._gap_since = time.monotonic()
+                    if time.monotonic() - self._gap_since > GAP_DEADLINE_SECONDS:
+                        self._declare_gap_lost()
+                    else:
+                        await self._find_missing()
+                    if not await self._deliver_held():
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, RETRY_MAX_SECONDS)
+                    self._take_queue()
+                    await self._deliver_held()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("peer feed failed", peer=self.peer.domain)
+        finally:
+            self._task = None
+
+    def _take_queue(self) -> None:
+        while self._queue:
+            self._hold(self._queue.popleft())
+
+    def _declare_gap_lost(self) -> None:
+        first_held = min(self._held)
+        lost = first_held - self._last_n - 1
+        log.error(
+            "events of a peer never arrived; going on without them",
+            peer=self.peer.domain,
+            missing=f"{self._last_n + 1}..{first_held - 1}",
+            waited_s=GAP_DEADLINE_SECONDS,
+        )
+        self._metrics.peer_events.labels("lost").inc(lost)
+        self._last_n = first_held - 1
+        self._gap_since = None
+
+    async def _find_missing(self) -> None:
+        first_held = min(self._held)
+        log.info(
+            "events missing; reading the room for them",
+            peer=self.peer.domain,
+            missing=f"{self._last_n + 1}..{first_held - 1}",
+        )
+        try:
+            await self._read_backward()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the homeserver may be away: try again later
+            log.warning("reading a peer's room failed", peer=self.peer.domain, error=str(exc))
+
+    async def _deliver_held(self) -> bool:
+        """Handle the held events that follow on; whether any was."""
+        delivered = False
+        while (self._last_n + 1) in self._held:
+            event, size = self._held.pop(self._last_n + 1)
+            self._held_bytes -= size
+            await self._handle_with_retry(event)
+            self._last_n += 1
+            self._gap_since = None
+            event_id = event.get("event_id")
+            if isinstance(event_id, str):
+                self._position = event_id
+            delivered = True
+        return delivered
+
+    async def _handle_with_retry(self, event: dict[str, Any]) -> None:
+        """Handle one event; a failure (its media cannot be fetched, the database is away) is
+        retried with back-off, then the event is skipped: later events must not wait for ever.
+        Retrying is safe: what was delivered before the failure is not delivered again."""
+        deadline = time.monotonic() + EVENT_RETRY_SECONDS
+        delay = 0.5
+        while True:
+            try:
+                await self._handle(event)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - judged below: retried, then skipped
+                if time.monotonic() + delay > deadline:
+                    log.error(
+                        "a peer's event could not be handled; skipped",
+                        peer=self.peer.domain,
+                        event=event.get("event_id"),
+                        error=repr(exc),
+                    )
+                    self._metrics.peer_events.labels("skipped").inc()
+                    return
+                log.warning(
+                    "handling a peer's event failed; retrying",
+                    peer=self.peer.domain,
+                    error=repr(exc),
+                    retry_in=delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)

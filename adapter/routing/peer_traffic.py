@@ -1,0 +1,464 @@
+"""What peer domains' nodes send this one, and what it may do here.
+
+A peer's node invites this node's bot into the room it writes for it (joined, then followed by a
+``PeerFeed``); its events come in order and each message is judged here as a local one is,
+on this node's side (DESIGN §10):
+
+- it speaks for its own domain only: a ``from`` of this domain or a third one is dropped;
+- its destinations are read from the message itself, never from the list its node wrote beside
+  it, then the same policy, node-address and known-address checks apply: 404 for an address this
+  node does not know, 403 when a rule refuses, and what is sent to a runtime's own address
+  reaches only that runtime (routing_table.py);
+- its sender ids and sequence marks live in the peer's namespace (``peer:<domain>:<origin>``):
+  nothing it sends touches a local runtime's dedupe state, and a mark moves only for a message
+  this node admitted;
+- it vouches only for identities of its own domain or of the identity providers the operator
+  lists for it; any other ``assertedIdentity`` arrives as false;
+- its runtimes subscribe only to this domain's streams (``…/changes``, ``…/children/…``,
+  ``…/subscription``, ``…/registration``); each subscription names the peer runtime that asked,
+  ends with it, passes this node's policy, and the peer's count is capped.
+
+Events in rooms this node writes itself are not the peer's to send: ignored (and refused by the
+rooms' power levels before they reach here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import hashlib
+from collections.abc import Awaitable
+from typing import Any
+
+import orjson
+import structlog
+
+from appservice.api import MatrixError
+from appservice.intent import Intent
+
+from .. import carrier
+from ..carrier import Routed, Sender
+from ..envelope import (
+    MAX_ADDRESS_BYTES,
+    InvalidMessage,
+    Message,
+    address_domain,
+    answer,
+    is_stream_address,
+    parse,
+    with_body_fields,
+)
+from ..identity.assertion import asserted_domains
+from ..observability import NodeMetrics
+from ..routing_table import RoutingTable
+from ..services.base import MnService, Requester, ServiceReply
+from ..services.registry import domain_registry_address, is_service_address, node_addresses
+from ..storage.remote import RemoteSubscriptionStore
+from .delivery import Delivery
+from .federation import Federation, event_number
+from .peer_feed import PeerFeed
+from .peers import Peer, PeerRefused
+from .policy import PolicyEngine
+from .publisher import Publisher
+from .rooms import RoomDirectory
+from .settlement import Settlement
+
+log = structlog.get_logger(__name__)
+
+# A peer's node asks to be sent what is published to these addresses, or not any more.
+SUBSCRIBE, UNSUBSCRIBE = "subscribe", "unsubscribe"
+# How long a subscription to another domain's address waits for that domain's node to confirm
+# it before the runtime is answered anyway (below the runtime's own 15 s request timeout).
+SUBSCRIPTION_CONFIRM_SECONDS = 5.0
+MAX_PEER_RUNTIME_BYTES = 512
+# The sender marks' key holds at most this many characters (storage/models.py SenderMark).
+MAX_ORIGIN = 128
+
+
+def peer_origin(domain: str, origin: str) -> str:
+    """Where a peer's sender numbering lives here: never a local session's origin."""
+    spelled = f"peer:{domain}:{origin}"
+    if len(spelled) <= MAX_ORIGIN:
+        return spelled
+    return f"peer:{hashlib.sha256(domain.encode()).hexdigest()[:24]}:{origin}"
+
+
+class PeerFeeds:
+    """The peer rooms this node follows, and the judgement of every message they carry."""
+
+    def __init__(
+        self,
+        local_domain: str,
+        federation: Federation,
+        rooms: RoomDirectory,
+        bot: Intent,
+        delivery: Delivery,
+        settlement: Settlement,
+        table: RoutingTable,
+        remote: RemoteSubscriptionStore,
+        policy: PolicyEngine,
+        publisher: Publisher,
+        registry: MnService,
+        metrics: NodeMetrics,
+    ) -> None:
+        self._local = local_domain
+        self._federation = federation
+        self._rooms = rooms
+        self._bot = bot
+        self._delivery = delivery
+        self._settlement = settlement
+        self._table = table
+        self._remote = remote
+        self._policy = policy
+        self._publisher = publisher
+        self._registry = registry
+        self._metrics = metrics
+        self._sm = f"domain://msg-node.{local_domain}/sm"
+        self._registry_address = domain_registry_address(local_domain)
+        self._is_node_address = node_addresses(local_domain)
+        self._feeds: dict[str, PeerFeed] = {}
+        # Subscriptions sent to peers, by request id, until they answer them.
+        self._confirmations: dict[str, asyncio.Future[Any]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._background.discard)  # type: ignore[arg-type]
+
+    async def start(self, positions: dict[str, str]) -> None:
+        """Follow every peer room this node joined before."""
+        for room_id, domain in await self._rooms.from_peer_rooms():
+            try:
+                peer = await self._federation.peers.resolve(domain)
+            except PeerRefused as refused:
+                log.warning("not following a former peer", peer=domain, reason=refused.reason)
+                continue
+            self._follow(room_id, peer, positions.get(room_id))
+
+    def _feed(self, room_id: str, peer: Peer, position: str | None, last_n: int = 0) -> PeerFeed:
+        feed = PeerFeed(
+            room_id,
+            peer,
+            position,
+            functools.partial(self._deliver, peer, room_id),
+            self._bot,
+            self._metrics,
+            last_n,
+        )
+        self._feeds[room_id] = feed
+        return feed
+
+    def _follow(self, room_id: str, peer: Peer, position: str | None) -> PeerFeed:
+        feed = self._feeds.get(room_id)
+        if feed is None:
+            feed = self._feed(room_id, peer, position)
+            feed.start()
+        return feed
+
+    # -- the homeserver's push ----------------------------------------------------------------
+
+    async def on_member_events(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
+        """A peer's node invites this one into its room for it: join and follow it."""
+        for event in events:
+            content = event.get("content")
+            membership = content.get("membership") if isinstance(content, dict) else None
+            if event.get("state_key") != self._bot.user_id or membership != "invite":
+                continue
+            peer = self._federation.peers.by_bot(str(event.get("sender")))
+            room_id = event.get("room_id")
+            if peer is None or not isinstance(room_id, str):
+                log.warning("invitation from a stranger ignored", sender=event.get("sender"))
+                continue
+            self._spawn(self._join(room_id, peer))
+
+    async def _join(self, room_id: str, peer: Peer) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self._bot.join(room_id)
+                break
+            except MatrixError as exc:
+                log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - the homeserver may be away: retry
+                log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        await self._rooms.joined_from_peer(room_id, peer.domain)
+        log.info("following a peer's room", peer=peer.domain, room=room_id)
+        self._follow(room_id, peer, None)
+
+    async def on_batch_events(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
+        """The push of peers' events: each to its room's feed, which keeps their order. An
+        event this node cannot place is ignored on its own; the others go on."""
+        by_room: dict[str, list[dict[str, Any]]] = {}
+        for event in events:
+            room_id = event.get("room_id")
+            if not isinstance(room_id, str):
+                continue
+            if room_id not in self._feeds:
+                try:
+                    adopted = await self._adopt(room_id, event)
+                except Exception:
+                    log.exception("a peer event's room could not be followed", room=room_id)
+                    adopted = False
+                if not adopted:
+                    self._metrics.peer_events.labels("ignored").inc()
+                    continue
+            by_room.setdefault(room_id, []).append(event)
+        for room_id, batch in by_room.items():
+            self._feeds[room_id].push(batch)
+
+    async def _adopt(self, room_id: str, event: dict[str, Any]) -> bool:
+        """A peer's room this node's bot is in but its database does not know (restored, or
+        new): follow it from this event on. Never a room this node writes itself."""
+        peer = self._federation.peers.by_bot(str(event.get("sender")))
+        if peer is None:
+            return False
+        if await self._rooms.writes_in(room_id):
+            log.warning("a peer's event in a room this node writes ignored", peer=peer.domain)
+            return False
+        await self._rooms.joined_from_peer(room_id, peer.domain)
+        feed = self._feed(room_id, peer, None, last_n=event_number(event.get("content")) - 1)
+        feed.start_here()
+        log.info("following a peer's room found in the push", peer=peer.domain, room=room_id)
+        return True
+
+    # -- one event of a peer ------------------------------------------------------------------
+
+    async def _deliver(self, peer: Peer, room_id: str, event: dict[str, Any]) -> None:
+        """Raises what fetching the event's media raised (the feed retries)."""
+        event_id = event.get("event_id")
+        try:
+            routed = await carrier.decode_batch(event.get("content"), self._bot.download)
+        except carrier.CarrierError as exc:
+            log.warning("unreadable peer event skipped", peer=peer.domain, error=str(exc))
+            self._metrics.matrix_events_in.labels("undecodable").inc()
+            return
+        if not isinstance(event_id, str):
+            return
+        ticket = self._settlement.ledger(room_id).open(event_id)
+        senders: dict[Sender, Sender] = {}
+        for i, message in enumerate(routed):
+            own = senders.get(message.sender)
+            if own is None:
+                own = senders[message.sender] = dataclasses.replace(
+                    message.sender, origin=peer_origin(peer.domain, message.sender.origin)
+                )
+            routed[i] = dataclasses.replace(message, sender=own)
+        await self._delivery.deliver(routed, ticket, admit=functools.partial(self._admit, peer))
+
+    def _admit(self, peer: Peer, routed: Routed) -> Routed | None:
+        """The message as it is delivered here, or None: the node answers or acts on it
+        itself, or drops it."""
+        try:
+            message = parse(routed.text)
+        except InvalidMessage:
+            self._metrics.messages_out.labels("malformed").inc()
+            return None
+        if address_domain(message.from_) != peer.domain:
+            # A peer speaks for its own domain's addresses only: never for this domain's
+            # runtimes nor a third domain's.
+            log.warning("peer message from a foreign address dropped", peer=peer.domain)
+            self._metrics.messages_in.labels("peer_foreign_sender").inc()
+            return None
+        if message.to_first == self._sm and message.from_.startswith(
+            f"domain://msg-node.{peer.domain}/"
+        ):
+            if message.type == "response":
+                self._confirmed(message)
+            else:
+                self._spawn(self._peer_subscription(peer, message))
+            return None
+        denial = self._policy.check_remote(message)
+        if denial is not None:
+            self._answer(peer, message, denial.code, denial.reason)
+            return None
+        if self._is_node_address(message.to_first):
+            if message.type != "response":
+                self._serve(peer, message)
+            return None
+        if not self._table.destinations(message.to, None).known:
+            if message.type != "response":
+                self._answer(peer, message, 404, f"no route to {' '.join(message.to)}")
+            return None
+        text = self._judge_identity(peer, message)
+        return Routed(text, message.to, routed.sender, routed.oseq)
+
+    def _judge_identity(self, peer: Peer, message: Message) -> str:
+        """The text to deliver: ``assertedIdentity`` kept only for identities the peer may
+        vouch for."""
+        if message.body.get("assertedIdentity") is not True:
+            return message.raw
+        domains = asserted_domains(message.body)
+        if domains and domains <= peer.vouches_for:
+            return message.raw
+        self._metrics.messages_in.labels("peer_identity_not_vouched").inc()
+        return with_body_fields(message.raw, {"assertedIdentity": False})
+
+    def _serve(self, peer: Peer, message: Message) -> None:
+        """A request of a peer's runtime to this node's services: other domains' runtimes find
+        hyperties and data objects in this domain's registry (reTHINK's discovery reads
+        ``domain://registry.<their domain>``); everything else serves this domain's runtimes."""
+        if is_service_address(message.to_first, self._registry_address) and (
+            message.type == "read"
+        ):
+            self._spawn(self._read_registry(peer, message))
+            return
+        self._answer(
+            peer, message, 403, f"{message.to_first} serves runtimes of {self._local} only"
+        )
+
+    async def _read_registry(self, peer: Peer, message: Message) -> None:
+        requester = Requester(0, f"domain://msg-node.{peer.domain}")
+        try:
+            reply = await self._registry.handle(message, requester)
+        except Exception:
+            log.exception("registry read for a peer failed", peer=peer.domain, id=message.id)
+            reply = ServiceReply(500, desc="internal error in the MN")
+        text = answer(message, reply.code, value=reply.value, desc=reply.desc, extra=reply.extra)
+        await self.send_as_node(peer.domain, text, (message.from_,))
+
+    def _answer(self, peer: Peer, message: Message, code: int, reason: str) -> None:
+        text = answer(message, code, desc=reason)
+        self._spawn(self.send_as_node(peer.domain, text, (message.from_,)))
+
+    # -- subscriptions across domains ---------------------------------------------------------
+
+    async def _peer_subscription(self, peer: Peer, message: Message) -> None:
+        try:
+            code, reason = await self._take_subscription(peer, message)
+        except Exception:
+            log.exception("a peer's subscription failed", peer=peer.domain)
+            code, reason = 503, "the subscription could not be recorded; try again"
+        self._answer(peer, message, code, reason)
+
+    async def _take_subscription(self, peer: Peer, message: Message) -> tuple[int, str]:
+        """(code, reason) for a peer runtime's (un)subscription to this domain's streams."""
+        if message.type not in (SUBSCRIBE, UNSUBSCRIBE):
+            return 405, f"the subscription manager does not support '{message.type}'"
+        resources, runtime = message.body.get("resources"), message.body.get("source")
+        if not (
+            isinstance(runtime, str)
+            and address_domain(runtime) == peer.domain
+            and len(runtime.encode()) <= MAX_PEER_RUNTIME_BYTES
+        ):
+            return 400, f"body.source must name the {peer.domain} runtime that asks"
+        if message.type == UNSUBSCRIBE and resources is None:
+            # The runtime's session ended: everything it held here ends with it.
+            await self._remote.unsubscribe(peer.domain, runtime)
+            self._table.unsubscribe_domain(peer.domain, runtime)
+            return 200, "unsubscribed"
+        if not isinstance(resources, list) or not resources:
+            return 400, "body.resources must be a non-empty list of addresses"
+        addresses = list(dict.fromkeys(r for r in resources if isinstance(r, str)))
+        if message.type == UNSUBSCRIBE:
+            await self._remote.unsubscribe(peer.domain, runtime, addresses)
+            self._table.unsubscribe_domain(peer.domain, runtime, addresses)
+            return 200, "unsubscribed"
+        for address in resources:
+            if not (
+                isinstance(address, str)
+                and len(address.encode()) <= MAX_ADDRESS_BYTES
+                and address_domain(address) == self._local
+                and is_stream_address(address)
+            ):
+                return (
+                    403,
+                    f"{address!r}: another domain's runtimes subscribe only to {self._local}'s "
+                    "data-object streams and registration status",
+                )
+            denied = self._policy.check_subscription(runtime, None, address)
+            if denied is not None:
+                return 403, denied
+        held = await self._remote.count(peer.domain)
+        if held + len(addresses) > peer.max_subscriptions:
+            self._metrics.quota_refusals.labels("peer_subscriptions").inc()
+            return 429, f"{peer.domain}'s runtimes hold {held} subscriptions here, the most allowed"
+        await self._remote.subscribe(peer.domain, runtime, addresses)
+        self._table.subscribe_domain(peer.domain, runtime, addresses)
+        # From now on this domain's publications to them reach the peer.
+        return 200, "subscribed"
+
+    def _confirmed(self, message: Message) -> None:
+        waiter = self._confirmations.pop(str(message.id), None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(message.body)
+
+    async def send_as_node(self, domain: str, text: str, to: tuple[str, ...]) -> None:
+        """A message the node itself sends to a peer domain (an answer, a subscription)."""
+        try:
+            link = await self._federation.link(domain)
+        except PeerRefused:
+            return
+        link.push(self._publisher.outgoing(text, to))
+
+    def _subscription_request(
+        self, domain: str, kind: str, body: dict[str, Any]
+    ) -> tuple[str, str]:
+        request_id = f"sub-{self._publisher.next_id()}"
+        text = orjson.dumps(
+            {
+                "id": request_id,
+                "type": kind,
+                "from": self._sm,
+                "to": f"domain://msg-node.{domain}/sm",
+                "body": body,
+            }
+        ).decode()
+        return request_id, text
+
+    async def subscription_changed(
+        self, kind: str, addresses: list[str], runtime: str
+    ) -> str | None:
+        """A runtime of this node subscribes to (or leaves) streams of other domains: their
+        nodes are asked to send what is published there once to this domain. Returns why a
+        peer refused a subscription, or None (also when a peer did not answer in time: the
+        request is durable here and takes effect once it is back)."""
+        by_domain: dict[str, list[str]] = {}
+        for address in addresses:
+            domain = self._federation.peers.remote_domain(address)
+            if domain is not None:
+                by_domain.setdefault(domain, []).append(address)
+        waiting: list[tuple[str, str, asyncio.Future[Any]]] = []
+        for domain, resources in by_domain.items():
+            request_id, text = self._subscription_request(
+                domain, kind, {"resources": resources, "source": runtime}
+            )
+            if kind == SUBSCRIBE:
+                waiter = asyncio.get_running_loop().create_future()
+                self._confirmations[request_id] = waiter
+                waiting.append((domain, request_id, waiter))
+            await self.send_as_node(domain, text, (f"domain://msg-node.{domain}/sm",))
+        refusal: str | None = None
+        for domain, request_id, waiter in waiting:
+            try:
+                body = await asyncio.wait_for(waiter, SUBSCRIPTION_CONFIRM_SECONDS)
+            except TimeoutError:
+                log.warning("peer has not confirmed a subscription yet", peer=domain)
+                continue
+            finally:
+                self._confirmations.pop(request_id, None)
+            code = body.get("code") if isinstance(body, dict) else None
+            if code != 200:
+                desc = body.get("desc") if isinstance(body, dict) else None
+                refusal = f"{domain} refused the subscription ({code}): {desc}"
+        return refusal
+
+    def runtime_left(self, runtime: str, subscriptions: set[str]) -> None:
+        """A runtime of this node is gone: its subscriptions in other domains end too."""
+        domains = {self._federation.peers.remote_domain(a) for a in subscriptions} - {None}
+        for domain in domains:
+            assert domain is not None
+            _id, text = self._subscription_request(domain, UNSUBSCRIBE, {"source": runtime})
+            self._spawn(self.send_as_node(domain, text, (f"domain://msg-node.{domain}/sm",)))
+
+    async def close(self) -> None:
+        for feed in self._feeds.values():
+            await feed.close()
+        for task in list(self._background):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
