@@ -287,6 +287,9 @@ class BuiltinRegistryConfig(_Strict):
     disconnected_grace_seconds: int = Field(default=3600, ge=0)
     # How often expired registrations are marked disconnected and stale ones removed.
     sweep_interval_seconds: float = Field(default=10.0, gt=0)
+    # A runtime away this long (socket dropped, or session ended) has its registrations marked
+    # disconnected; back sooner (a reload, a reconnect), nothing changes. 0: at once.
+    presence_delay_seconds: float = Field(default=10.0, ge=0)
     # The registry's REST API on the appservice listener, under /registry/.
     rest_api: Literal["off", "read-only", "read-write"] = "read-only"
 

@@ -387,9 +387,9 @@ class Node:
         def when_running(hook: Callable[[str], Coroutine[Any, Any, None]]) -> Any:
             return lambda s: self._spawn(hook(s.runtime_url)) if self.running else None
 
-        lifecycle.detached.append(when_running(presence.runtime_detached))
-        lifecycle.attached.append(when_running(presence.runtime_resumed))
-        lifecycle.released.append(when_running(presence.runtime_released))
+        lifecycle.detached.append(when_running(presence.runtime_away))
+        lifecycle.attached.append(when_running(presence.runtime_back))
+        lifecycle.released.append(when_running(presence.runtime_away))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

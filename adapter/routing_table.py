@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from .envelope import is_stream_address
 
+REGISTRATION_SUFFIX = "/registration"
+
 
 @dataclass(frozen=True, slots=True)
 class Destinations:
@@ -79,7 +81,8 @@ class RoutingTable:
         status (``is_stream_address``), or when nobody holds it: a runtime never receives what
         is sent to another runtime's own address, whenever it subscribed to it (DESIGN §10).
         The sender gets its own message back only if it subscribed to the address or holds it
-        exactly. Other domains get only streams."""
+        exactly. A registration's status (``<url>/registration``) reaches its subscribers only.
+        Other domains get only streams."""
         found: set[int] = set()
         owners: set[int] = set()
         domains: set[str] = set()
@@ -108,7 +111,12 @@ class RoutingTable:
                 known = True
             elif holder is not None:
                 known = True
-                if holder != sender or (subscribers and sender in subscribers):
+                # A registration's status goes to its subscribers only (reTHINK's runtimes
+                # subscribe to it; a publication the holder did not ask for would arrive in
+                # place of an answer it waits for).
+                if (holder != sender or (subscribers and sender in subscribers)) and not (
+                    address.endswith(REGISTRATION_SUFFIX)
+                ):
                     owners.add(holder)
         found.update(owners)
         return Destinations(frozenset(found), known, frozenset(owners), frozenset(domains))

@@ -63,6 +63,9 @@ class PeerFeed:
         self._metrics = metrics
         self._filter = {"types": [carrier.BATCH_EVENT], "senders": [peer.bot]}
         self._last_n = last_n
+        # The highest number seen: above ``_last_n`` with nothing held, events were let go
+        # (beyond the bounds) and are read again from the room.
+        self._seen = last_n
         self._queue: deque[dict[str, Any]] = deque()
         self._held: dict[int, tuple[dict[str, Any], int]] = {}  # n -> (event, its size)
         self._held_bytes = 0
@@ -126,6 +129,7 @@ class PeerFeed:
         n = event_number(event.get("content"))
         if n <= self._last_n or n in self._held:
             return
+        self._seen = max(self._seen, n)
         # The next event is handled at once; only those after a gap cost memory while held.
         size = 0 if n == self._last_n + 1 else len(orjson.dumps(event))
         while self._held and (
@@ -157,11 +161,12 @@ class PeerFeed:
             for event in page["chunk"]:
                 self._hold(event)
             end = page.get("end")
-            if not page["chunk"] or not isinstance(end, str) or end == start:
+            if not page["chunk"] or not isinstance(end, str) or end == start or self._full():
                 break
             start = end
-            if len(self._held) >= MAX_HELD_EVENTS:
-                await self._deliver_held()  # make room, then read on
+
+    def _full(self) -> bool:
+        return len(self._held) >= MAX_HELD_EVENTS or self._held_bytes >= MAX_HELD_BYTES
 
     async def _read_backward(self) -> None:
         """Hold what the room has after the last event delivered, reading from its newest.
@@ -195,8 +200,8 @@ class PeerFeed:
                 self._take_queue()
                 await self._deliver_held()
                 delay = 0.25
-                while self._held:
-                    # A gap: the events before the held ones are not here yet.
+                while self._held or self._seen > self._last_n:
+                    # A gap: the events before the held ones are not here yet, or were let go.
                     if self._gap_since is None:
                         self._gap_since = time.monotonic()
                     if time.monotonic() - self._gap_since > GAP_DEADLINE_SECONDS:
@@ -220,6 +225,12 @@ class PeerFeed:
             self._hold(self._queue.popleft())
 
     def _declare_gap_lost(self) -> None:
+        if not self._held:
+            # Seen, let go, and not found again in the room: no number to go on from.
+            log.error("events of a peer could not be read again", peer=self.peer.domain)
+            self._seen = self._last_n
+            self._gap_since = None
+            return
         first_held = min(self._held)
         lost = first_held - self._last_n - 1
         log.error(
@@ -233,13 +244,20 @@ class PeerFeed:
         self._gap_since = None
 
     async def _find_missing(self) -> None:
-        first_held = min(self._held)
+        """Read forward from the last event handled (what this server has: events let go
+        beyond the bounds), then, if the next one is still missing, backwards from the newest
+        (which makes Synapse fetch from the peer what it lacks)."""
+        first_held = min(self._held) if self._held else self._seen + 1
         log.info(
             "events missing; reading the room for them",
             peer=self.peer.domain,
             missing=f"{self._last_n + 1}..{first_held - 1}",
         )
         try:
+            if self._position is not None:
+                await self._read_forward()
+                if self._last_n + 1 in self._held:
+                    return
             await self._read_backward()
         except asyncio.CancelledError:
             raise
@@ -278,7 +296,7 @@ class PeerFeed:
                     log.error(
                         "a peer's event could not be handled; skipped",
                         peer=self.peer.domain,
-                        event=event.get("event_id"),
+                        event_id=event.get("event_id"),
                         error=repr(exc),
                     )
                     self._metrics.peer_events.labels("skipped").inc()

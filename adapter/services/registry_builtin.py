@@ -73,6 +73,7 @@ class BuiltinRegistry:
         self.expiry.start()
 
     async def stop(self) -> None:
+        await self.presence.stop()
         await self.expiry.stop()
 
 
@@ -101,7 +102,7 @@ def build_builtin_registry(
     return BuiltinRegistry(
         service=BuiltinDomainRegistry(backend),
         backend=backend,
-        presence=RegistryPresence(store, notifier),
+        presence=RegistryPresence(store, notifier, settings.presence_delay_seconds),
         expiry=RegistryExpiry(store, notifier, settings.sweep_interval_seconds),
         rest_api=rest_api,
     )

@@ -21,25 +21,49 @@ log = structlog.get_logger(__name__)
 
 
 class RegistryPresence:
-    """Registrations follow the runtime that made them (``Entry.owner``)."""
+    """Registrations follow the runtime that made them (``Entry.owner``, its runtimeURL).
 
-    def __init__(self, store: RegistryStore, notifier: StatusNotifier) -> None:
+    A runtime away — its socket dropped, or its session ended — for ``delay_seconds`` has its
+    registrations marked disconnected; one that comes back (the same runtimeURL, in any
+    session: a reload, a reconnect) finds what it registered live again, as long as the grace
+    period has not removed it. Coming back within the delay changes nothing: reTHINK's
+    runtimes reload and reconnect all the time, and dev-registry-domain, whose answers the
+    runtimes expect, changes a status only when the runtime says so or its lease ends."""
+
+    def __init__(
+        self, store: RegistryStore, notifier: StatusNotifier, delay_seconds: float = 0.0
+    ) -> None:
         self._store = store
         self._notifier = notifier
+        self._delay = delay_seconds
+        self._away: dict[str, asyncio.Task[None]] = {}
 
-    async def runtime_detached(self, runtime_url: str) -> None:
-        """The runtime's connection dropped without ``disconnect``: its registrations become
-        disconnected (removed once the grace period is over, unless it resumes)."""
-        await self._apply("detached", runtime_url, self._store.detach)
+    async def runtime_away(self, runtime_url: str) -> None:
+        """The runtime's connection dropped, or its session ended."""
+        if self._delay <= 0:
+            await self._apply("away", runtime_url, self._store.detach)
+            return
+        if runtime_url not in self._away:
+            self._away[runtime_url] = asyncio.create_task(self._away_later(runtime_url))
 
-    async def runtime_resumed(self, runtime_url: str) -> None:
-        """The runtime resumed its session: what its detachment disconnected is live again."""
-        await self._apply("resumed", runtime_url, self._store.resume)
+    async def _away_later(self, runtime_url: str) -> None:
+        await asyncio.sleep(self._delay)
+        self._away.pop(runtime_url, None)
+        await self._apply("away", runtime_url, self._store.detach)
 
-    async def runtime_released(self, runtime_url: str) -> None:
-        """The runtime's session ended (``disconnect`` or expiry): its registrations become
-        disconnected for good."""
-        await self._apply("released", runtime_url, self._store.release)
+    async def runtime_back(self, runtime_url: str) -> None:
+        """A connection of the runtime is attached (a resumed or a new session)."""
+        pending = self._away.pop(runtime_url, None)
+        if pending is not None:
+            pending.cancel()  # back within the delay: nothing changed
+            return
+        await self._apply("back", runtime_url, self._store.resume)
+
+    async def stop(self) -> None:
+        """A stop of the node is not the runtimes going away: nothing pending is applied."""
+        for task in self._away.values():
+            task.cancel()
+        self._away.clear()
 
     async def _apply(
         self,

@@ -368,8 +368,8 @@ class RegistryStore:
     # -- presence -----------------------------------------------------------------------------
 
     async def detach(self, owner: str) -> list[StatusChange]:
-        """The owner's session lost its connection: its live entries become disconnected, to be
-        revived by ``resume``."""
+        """The owner (a runtimeURL) is away: its live entries become disconnected, to be revived
+        by ``resume`` when it comes back."""
         now = self.now()
         statement = (
             update(_T)
@@ -384,9 +384,9 @@ class RegistryStore:
         return await self._db.run(op)
 
     async def resume(self, owner: str) -> list[StatusChange]:
-        """The owner's session is back: what its detachment disconnected, and is still within
-        its grace period, is live again with its lifetime restarted (the runtime could not keep
-        it alive while detached)."""
+        """The owner is back: what its absence disconnected, and is still within its grace
+        period, is live again with its lifetime restarted (the runtime could not keep it alive
+        while away)."""
         now = self.now()
         query = (
             select(_T.id, _T.url, _T.expires)
@@ -416,24 +416,6 @@ class RegistryStore:
                 )
                 changes.append(StatusChange(url, LIVE))
             return changes
-
-        return await self._db.run(op)
-
-    async def release(self, owner: str) -> list[StatusChange]:
-        """The owner's session ended for good: its entries are disconnected and stay so."""
-        now = self.now()
-        disconnect = (
-            update(_T)
-            .where(_T.owner == owner, _T.status != DISCONNECTED, _T.expires_at >= now)
-            .values(status=DISCONNECTED, disconnected_at=now, detached=False)
-            .returning(_T.url)
-        )
-        settle = update(_T).where(_T.owner == owner, _T.detached.is_(True)).values(detached=False)
-
-        def op(conn: Connection) -> list[StatusChange]:
-            urls = list(conn.execute(disconnect).scalars())
-            conn.execute(settle)
-            return [StatusChange(url, DISCONNECTED) for url in urls]
 
         return await self._db.run(op)
 

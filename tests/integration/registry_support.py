@@ -138,6 +138,7 @@ def registry_config(rest_api: str = "read-only") -> DomainRegistryConfig:
                 "disconnected_grace_seconds": GRACE,
                 # Only runs once a test starts it.
                 "sweep_interval_seconds": SWEEP_INTERVAL,
+                "presence_delay_seconds": 0,
                 "rest_api": rest_api,
             }
         }

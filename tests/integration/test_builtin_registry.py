@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from adapter.services.registry_lifecycle import RegistryPresence
 from adapter.storage.registry_models import DISCONNECTED, LIVE
 
 from .registry_support import (
@@ -15,6 +16,7 @@ from .registry_support import (
     COMM_SCHEMA,
     DESCRIPTOR,
     GRACE,
+    LIFETIME,
     MAX_LIFETIME,
     RT1,
     RT2,
@@ -283,7 +285,7 @@ async def test_presence_follows_the_registering_runtime(registry: Harness) -> No
     registry.take_notes()
     presence = registry.built.presence
 
-    await presence.runtime_detached(RT1)
+    await presence.runtime_away(RT1)
     assert registry.take_notes() == [(H1, DISCONNECTED), (H2, DISCONNECTED), (CHAT1, DISCONNECTED)]
     all_gone = await registry.read(ALICE)
     assert all_gone.code == 408 and all_gone.desc == "Temporarily Unavailable"
@@ -292,39 +294,66 @@ async def test_presence_follows_the_registering_runtime(registry: Harness) -> No
     assert (await registry.read(CHAT1)).value["status"] == DISCONNECTED
 
     registry.clock.advance(200)  # beyond the 120 s lifetime: the resume restarts it
-    await presence.runtime_resumed(RT1)
+    await presence.runtime_back(RT1)
     assert registry.take_notes() == [(H1, LIVE), (H2, LIVE), (CHAT1, LIVE)]
     assert (await registry.read(ALICE)).code == 200
     assert await registry.built.expiry.sweep_once() == (0, 0)
 
     # Detached beyond the grace period: removed, and a late resume revives nothing.
-    await presence.runtime_detached(RT1)
+    await presence.runtime_away(RT1)
     registry.take_notes()
     registry.clock.advance(GRACE + 1)
     assert (await registry.read(ALICE)).code == 404
-    await presence.runtime_resumed(RT1)
+    await presence.runtime_back(RT1)
     assert registry.take_notes() == []
     assert (await registry.read(ALICE)).code == 404
     assert await registry.built.expiry.sweep_once() == (0, 3)
     assert (await registry.read(BOB)).code == 200
 
 
-async def test_a_released_runtime_is_not_revived(registry: Harness) -> None:
+async def test_a_runtime_that_comes_back_finds_its_registrations_live(registry: Harness) -> None:
+    """Its session ended (``disconnect``, a page closed) or its socket dropped: back with the same
+    runtimeURL in any session within the grace period, what it registered is live again, as
+    dev-registry-domain would answer (only the runtime or the lease changes a status)."""
     await registry.register_hyperty(H1, ALICE, runtime=RT1)
     await registry.register_hyperty(H3, BOB, runtime=RT2)
     registry.take_notes()
     presence = registry.built.presence
-    await presence.runtime_detached(RT1)
-    await presence.runtime_released(RT1)  # the session expired while detached
-    await presence.runtime_released(RT2)
+    await presence.runtime_away(RT1)  # dropped
+    await presence.runtime_away(RT1)  # then its session ended
+    await presence.runtime_away(RT2)
     assert registry.take_notes() == [(H1, DISCONNECTED), (H3, DISCONNECTED)]
-    await presence.runtime_resumed(RT1)
-    await presence.runtime_resumed(RT2)
-    assert registry.take_notes() == []
     assert (await registry.read(BOB)).code == 408
-    # The runtime registers again (Registry.js does on a new session): live again.
-    await registry.register_hyperty(H3, BOB, runtime=RT2)
-    assert registry.take_notes() == [(H3, LIVE)]
+    await presence.runtime_back(RT1)
+    await presence.runtime_back(RT2)
+    assert registry.take_notes() == [(H1, LIVE), (H3, LIVE)]
+    assert (await registry.read(BOB)).code == 200
+    # What its lease ended stays disconnected until the runtime says otherwise.
+    await presence.runtime_away(RT2)
+    registry.clock.advance(LIFETIME + 1)
+    await registry.built.expiry.sweep_once()
+    registry.take_notes()
+    await presence.runtime_back(RT2)
+    assert (await registry.read(BOB)).code == 408
+
+
+async def test_a_runtime_back_within_the_presence_delay_changes_nothing(
+    registry: Harness,
+) -> None:
+    built = registry.built.presence
+    presence = RegistryPresence(built._store, built._notifier, 0.3)
+    await registry.register_hyperty(H1, ALICE, runtime=RT1)
+    registry.take_notes()
+    await presence.runtime_away(RT1)  # a reload: gone and back at once
+    await presence.runtime_back(RT1)
+    await asyncio.sleep(0.5)
+    assert registry.take_notes() == [] and (await registry.read(ALICE)).code == 200
+    await presence.runtime_away(RT1)  # gone for longer than the delay
+    await asyncio.sleep(0.5)
+    assert registry.take_notes() == [(H1, DISCONNECTED)]
+    await presence.runtime_back(RT1)
+    assert registry.take_notes() == [(H1, LIVE)]
+    await presence.stop()
 
 
 async def test_messages_the_registry_cannot_take(registry: Harness) -> None:

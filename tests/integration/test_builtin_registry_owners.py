@@ -84,11 +84,11 @@ async def _still_rt1s(registry: Harness, before: tuple[Any, ...]) -> None:
     assert await _everything(registry) == before
     assert registry.take_notes() == []
     # Still RT1's: its presence moves them, RT2's does not.
-    await registry.built.presence.runtime_detached(RT2)
+    await registry.built.presence.runtime_away(RT2)
     assert registry.take_notes() == []
-    await registry.built.presence.runtime_detached(RT1)
+    await registry.built.presence.runtime_away(RT1)
     assert registry.take_notes() == [(H1, DISCONNECTED), (CHAT1, DISCONNECTED)]
-    await registry.built.presence.runtime_resumed(RT1)
+    await registry.built.presence.runtime_back(RT1)
     assert registry.take_notes() == [(H1, LIVE), (CHAT1, LIVE)]
 
 

@@ -89,7 +89,7 @@ async def test_the_rest_api_answers_the_same_data(
     ):
         assert await _get(http, path) == (404, {"message": "Not Found"}), path
 
-    await registry.built.presence.runtime_detached(RT1)
+    await registry.built.presence.runtime_away(RT1)
     status, gone = await _get(http, f"/registry/hyperty/user/{enc(ALICE)}")
     assert status == 408 and {h["status"] for h in gone.values()} == {"disconnected"}
 
@@ -124,7 +124,7 @@ async def test_read_write_registers_and_checks_input(
     assert (await registry.read(BOB)).value[H2]["runtime"] == RT2
     assert registry.take_notes() == [(H2, "live")]
     # Registered over HTTP, the entry follows the runtime it names.
-    await registry.built.presence.runtime_detached(RT2)
+    await registry.built.presence.runtime_away(RT2)
     assert registry.take_notes() == [(H2, "disconnected")]
 
     async with http.put(f"{RW}/hyperty/url/{enc(H2)}", json={}) as response:
@@ -197,6 +197,6 @@ async def test_the_relay_pointed_at_the_rest_api_answers_as_the_builtin_service(
         ]
         for body in reads:
             await both("read", body)
-        await registry.built.presence.runtime_detached(RT1)
+        await registry.built.presence.runtime_away(RT1)
         assert (await both("read", {"resource": ALICE})).code == 408
         assert (await both("read", {"resource": H1})).code == 408

@@ -66,6 +66,24 @@ json_values = st.recursive(
 )
 
 
+# What can reach this node inside a Matrix event: canonical JSON (integers within ±(2^53 - 1),
+# no floats); a homeserver refuses anything else before it is stored or federated.
+CANONICAL_EDGES = (0, -1, 1, 2**31, 2**53 - 1, -(2**53 - 1))
+canonical_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.sampled_from(CANONICAL_EDGES),
+        st.integers(min_value=-(2**53 - 1), max_value=2**53 - 1),
+        text(40),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(text(12), children, max_size=4)
+    ),
+    max_leaves=24,
+)
+
+
 def deep(depth: int) -> str:
     return "[" * depth + "]" * depth
 

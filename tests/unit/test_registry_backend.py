@@ -90,7 +90,7 @@ async def test_a_failing_callback_costs_its_notification_only() -> None:
 async def test_presence_and_expiry_do_not_raise_into_the_node() -> None:
     store: Any = BrokenStore(OperationalError("UPDATE", {}, Exception("down")))
     presence = RegistryPresence(store, StatusNotifier(None))
-    await presence.runtime_detached("runtime://example.com/1")  # logged, not raised
+    await presence.runtime_away("runtime://example.com/1")  # logged, not raised
     expiry = RegistryExpiry(store, StatusNotifier(None), 60)
     with pytest.raises(OperationalError):
         await expiry.sweep_once()  # the task's loop catches it; a direct call sees it
