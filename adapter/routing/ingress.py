@@ -57,6 +57,11 @@ from .policy import PolicyEngine
 
 log = structlog.get_logger(__name__)
 
+# A numbered message that fails inside the node is given back to its stub (resent after the
+# reconnect) this many times before it is answered 500: a fault that lasts, or a bug, must not
+# make one stub reconnect for ever.
+MAX_GIVE_BACKS = 3
+
 
 # The schemes of every address a service of the node has.
 _SERVICE_SCHEMES = ("domain://", "global://")
@@ -150,11 +155,34 @@ class Ingress:
                 self._metrics.duplicates.labels("ingress").inc()
                 upstream.done(pending)
                 return
-            routed = await self._decide(attachment, raw, parsed, pending)
+            try:
+                routed = await self._decide(attachment, raw, parsed, pending)
+            except Exception as exc:
+                if upstream.give_back(pending) < MAX_GIVE_BACKS:
+                    raise  # the connection closes (1011); the stub sends it again
+                await self._failed(attachment, raw, parsed, exc)
+                routed = False
             if not routed:
                 upstream.done(pending)
             return
-        await self._decide(attachment, raw, parsed, None)
+        try:
+            await self._decide(attachment, raw, parsed, None)
+        except Exception as exc:  # noqa: BLE001 - logged and answered 500
+            await self._failed(attachment, raw, parsed, exc)
+
+    async def _failed(
+        self, attachment: Attachment, raw: str, parsed: dict[str, Any], exc: Exception
+    ) -> None:
+        """A message the node could not decide: its sender is answered 500."""
+        log.error(
+            "deciding a message failed", runtime=attachment.session.runtime_url, error=repr(exc)
+        )
+        await self.refuse_frame(
+            attachment,
+            attachment.link,
+            raw,
+            InvalidMessage(500, "internal error in the node", parsed),
+        )
 
     async def _decide(
         self, attachment: Attachment, raw: str, parsed: dict[str, Any], pending: Pending | None

@@ -23,6 +23,7 @@ from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from .link import CLOSE_REPLACED, Link
 from .mailbox import DeliveryStore, Mailbox
+from .serial import Serial
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
 from .upstream import Upstream
@@ -109,7 +110,8 @@ class SessionRegistry:
         self._by_id: dict[int, Session] = {}
         self._by_runtime: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
-        self._attach_locks: dict[str, asyncio.Lock] = {}
+        # Every operation on a runtime's session goes through the runtime's line.
+        self._serial = Serial()
         self._background: set[asyncio.Task[None]] = set()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -175,10 +177,14 @@ class SessionRegistry:
         return self._tokens.issue(session.id, session.runtime_url)
 
     def check_token(self, runtime_url: str, token: str) -> None:
-        """Raise TokenRejected unless ``token`` names the live session of ``runtime_url``."""
-        claim = self._tokens.verify(token, runtime_url)
+        """Raise TokenRejected unless ``token`` names the live session of ``runtime_url``. A
+        runtime with no session now gets a new one, token or not: a stale token (its session was
+        released or expired) names nothing anybody holds."""
         current = self._by_runtime.get(runtime_url)
-        if current is None or current.id != claim.session_id:
+        if current is None:
+            return
+        claim = self._tokens.verify(token, runtime_url)
+        if current.id != claim.session_id:
             raise TokenRejected("session token names a session that no longer exists")
 
     async def attach(
@@ -196,8 +202,7 @@ class SessionRegistry:
         ``protect``: the connection will be handed a session token, so from now on only a
         connection presenting it (or proving the same identity) gets the session. Raises
         TokenRejected or SessionRefused (401) and leaves the live connection alone."""
-        lock = self._attach_locks.setdefault(runtime_url, asyncio.Lock())
-        async with lock:
+        async with self._serial.line(runtime_url):
             if token is not None:
                 self.check_token(runtime_url, token)
             session = self._by_runtime.get(runtime_url)
@@ -242,8 +247,6 @@ class SessionRegistry:
                 log.info("connection replaced", runtime=runtime_url, old_peer=previous.link.peer)
                 self._spawn(previous.link.close(CLOSE_REPLACED, "replaced by a newer connection"))
             Lifecycle._tell(self._lifecycle.attached, session)
-        if not lock.locked():
-            self._attach_locks.pop(runtime_url, None)
         return attachment
 
     def admit(self, runtime_url: str, token: str | None, identity: Identity | None) -> None:
@@ -325,6 +328,10 @@ class SessionRegistry:
 
     async def detach(self, attachment: Attachment) -> None:
         """The socket closed without `disconnect`: keep the session for a resume."""
+        async with self._serial.line(attachment.session.runtime_url):
+            await self._detach(attachment)
+
+    async def _detach(self, attachment: Attachment) -> None:
         session = attachment.session
         if not attachment.current:
             return
@@ -336,7 +343,12 @@ class SessionRegistry:
         await self._rows.set_state(session.id, SessionState.DETACHED)
 
     async def release(self, session: Session) -> None:
-        """`disconnect`, or expiry: forget the session and everything it owned."""
+        """`disconnect`, or expiry: forget the session and everything it owned. A connection
+        of the same runtime attaching meanwhile waits until it is gone, then gets a new one."""
+        async with self._serial.line(session.runtime_url):
+            await self._release(session)
+
+    async def _release(self, session: Session) -> None:
         if session.released:
             return
         session.released = True
@@ -358,7 +370,12 @@ class SessionRegistry:
             for s in self._by_id.values()
             if s.attachment is None and s.detached_at is not None and s.detached_at < cutoff
         ]
+        expired = 0
         for session in stale:
-            log.info("session expired", runtime=session.runtime_url)
-            await self.release(session)
-        return len(stale)
+            async with self._serial.line(session.runtime_url):
+                # Attached again while this waited for its line: not expired after all.
+                if session.attachment is None and not session.released:
+                    log.info("session expired", runtime=session.runtime_url)
+                    await self._release(session)
+                    expired += 1
+        return expired

@@ -32,6 +32,7 @@ class Upstream:
         self.acked = 0  # everything up to here is done
         self._pending: deque[Pending] = deque()
         self._on_progress = on_progress
+        self._given_back = (0, 0)  # (number, how often) of the last message given back
 
     def take(self, seq: int) -> Pending | None:
         """Accept message ``seq``; None when it was accepted before (a resend after a
@@ -42,6 +43,18 @@ class Upstream:
         pending = Pending(seq)
         self._pending.append(pending)
         return pending
+
+    def give_back(self, pending: Pending) -> int:
+        """A message that failed inside the node before it was decided (the database away): not
+        taken after all, so its resend after the reconnect is taken again. Returns how many
+        times in a row this number was given back."""
+        if self._pending and self._pending[-1] is pending:
+            self._pending.pop()
+            self.accepted = pending.seq - 1
+        number, times = self._given_back
+        times = times + 1 if number == pending.seq else 1
+        self._given_back = (pending.seq, times)
+        return times
 
     def done(self, pending: Pending) -> None:
         pending.done = True

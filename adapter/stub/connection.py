@@ -15,6 +15,7 @@ log = structlog.get_logger(__name__)
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
+CLOSE_INTERNAL_ERROR = 1011
 # The session was refused to this connection after the upgrade (a race the checks before it
 # could not see): like HTTP 401, the stub must not simply reconnect with the same credentials.
 CLOSE_UNAUTHORIZED = 4401

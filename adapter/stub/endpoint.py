@@ -28,7 +28,13 @@ from ..sessions.registry import SessionRefused, SessionRegistry
 from ..sessions.session import AckHello, Attachment
 from ..sessions.tokens import TokenRejected
 from .acks import AckSender
-from .connection import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_UNAUTHORIZED, StubConnection
+from .connection import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_NORMAL,
+    CLOSE_UNAUTHORIZED,
+    StubConnection,
+)
 from .origins import OriginCheck
 from .protocol import (
     BadFrame,
@@ -144,6 +150,9 @@ class StubEndpoint:
         conn = StubConnection(ws, request, self._max_backlog)
         attachment: Attachment | None = None
         self._open.add(conn)
+        # 1000 only after a processed `disconnect` (the stub then drops its session); anything
+        # else that ends the connection from this side tells the stub to come back and resume.
+        close_code = CLOSE_INTERNAL_ERROR
         try:
             if runtime_url is not None:
                 try:
@@ -180,12 +189,18 @@ class StubEndpoint:
                 elif frame.type == WSMsgType.ERROR:
                     log.info("stub connection error", error=str(ws.exception()))
                     break
+        except Exception:
+            # Not the stub's doing (the database away, a bug): it reconnects and resumes, and
+            # what it had not seen acknowledged it sends again.
+            log.exception("stub connection failed inside the node", peer=conn.peer)
         finally:
             self._open.discard(conn)
             if attachment is not None:
-                await self._sessions.detach(attachment)
-            # 1000 would tell the stub its session was released (it would drop its token).
-            await conn.close(CLOSE_GOING_AWAY if self.closing else CLOSE_NORMAL)
+                try:
+                    await self._sessions.detach(attachment)
+                except Exception:
+                    log.exception("detaching a session failed", peer=conn.peer)
+            await conn.close(CLOSE_GOING_AWAY if self.closing else close_code)
         return ws
 
     async def _authenticate(self, kind: object, token: object) -> Identity | None:

@@ -24,6 +24,16 @@ const MAX_TIMER = 2 ** 31 - 1; // setTimeout's longest delay
 
 let wsImport; // the `ws` package, imported at most once
 
+// Where a stub keeps its runtime's session (token, delivery position) when the runtime gives it
+// no store and the page has no localStorage (Node.js): the process, so that a new stub
+// instance for the same runtimeURL (a reloaded runtime) resumes the session.
+const processSessions = new Map();
+const processStore = {
+  getItem: (key) => processSessions.get(key) ?? null,
+  setItem: (key, value) => processSessions.set(key, String(value)),
+  removeItem: (key) => processSessions.delete(key),
+};
+
 export class MatrixProtoStub {
   /**
    * @param {string} runtimeProtoStubURL this stub's address, e.g. hyperty-runtime://example.com/protostub/1
@@ -77,6 +87,13 @@ export class MatrixProtoStub {
     this._origins = new Map(); // origin -> highest number handed to the runtime from it
     this._stats = { sent: 0, acknowledged: 0, delivered: 0, duplicates: 0 };
     this._token = null; // session token from the node, presented again when reconnecting
+    // The session outlives this stub instance: kept where the runtime keeps its runtimeURL.
+    this._memory = sessionMemory(config.sessionStore, nodeURL, config.runtimeURL);
+    const kept = this._memory.load();
+    if (kept) {
+      this._token = kept.token;
+      this._received = this._acked = kept.received;
+    }
     this._active = false; // a connection is wanted: set on demand, cleared by disconnect or giving up
     this._replaced = false; // closed with 4409: stay down until connect() is called explicitly
     this._failures = 0; // consecutive failed attempts; drives the back-off and maxAttempts
@@ -156,6 +173,7 @@ export class MatrixProtoStub {
     this._replaced = false;
     this._token = null; // the session is released, its token names nothing any more
     this._resetSession();
+    this._memory.forget();
     if (conn?.live && conn.ws.readyState === OPEN) {
       // The socket gives the frame to the node before its close; nothing to wait for, and a
       // page cycling through many runtimes must not hold their sockets open meanwhile.
@@ -456,7 +474,12 @@ export class MatrixProtoStub {
     if (this._received <= this._acked) return;
     if (this._write(conn, JSON.stringify({ cmd: 'ack', received: this._received }))) {
       this._acked = this._received;
+      this._remember();
     }
+  }
+
+  _remember() {
+    if (this._token) this._memory.save({ token: this._token, received: this._acked });
   }
 
   _onControl(conn, frame) {
@@ -487,6 +510,7 @@ export class MatrixProtoStub {
     if (answer?.token) this._token = answer.token;
     conn.acks = this._offerAcks && answer?.ack?.v === ACK_VERSION;
     if (answer?.session === 'new') this._resetSession();
+    this._remember();
     if (conn.acks) this._onAck(conn, answer.ack.seq);
     // Everything not acknowledged goes (again) on this connection, in order.
     conn.sent = 0;
@@ -535,6 +559,7 @@ export class MatrixProtoStub {
     }
     if (code === CLOSE_NORMAL) {
       this._token = null; // the node closes normally only once it has released the session
+      this._memory.forget();
       return this._stop('disconnected', `closed by the node (${how})`);
     }
     this._postStatus('disconnected', `connection lost (${how}); reconnecting`);
@@ -640,6 +665,43 @@ export function activate(url, bus, config) {
 }
 
 export default activate;
+
+/**
+ * The runtime's session as kept between stub instances: `store` is a Web Storage-like object
+ * (getItem, setItem, removeItem); by default the page's localStorage, else this module (shared by the stubs of one process); `null`
+ * keeps nothing.
+ */
+function sessionMemory(store, nodeURL, runtimeURL) {
+  if (store === undefined) store = pageStorage() ?? processStore;
+  const key = `rethink-mn:session:${nodeURL}:${runtimeURL}`;
+  const guard = (fn) => {
+    try {
+      return fn();
+    } catch (err) {
+      warn('the session store failed; the session is kept in this stub only', err);
+      return null;
+    }
+  };
+  if (!store) return { load: () => null, save: () => {}, forget: () => {} };
+  return {
+    load: () =>
+      guard(() => {
+        const kept = JSON.parse(store.getItem(key) ?? 'null');
+        const ok = typeof kept?.token === 'string' && Number.isSafeInteger(kept?.received);
+        return ok && kept.received >= 0 ? kept : null;
+      }),
+    save: (kept) => guard(() => store.setItem(key, JSON.stringify(kept))),
+    forget: () => guard(() => store.removeItem(key)),
+  };
+}
+
+function pageStorage() {
+  try {
+    return globalThis.localStorage ?? null; // a sandboxed page may refuse even to say
+  } catch {
+    return null;
+  }
+}
 
 function randomId() {
   const bytes = new Uint8Array(12);

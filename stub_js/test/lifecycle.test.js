@@ -166,3 +166,55 @@ test('disconnect() before any connection is harmless and posts nothing', async (
   assert.deepEqual(bus.statuses(), ['created']);
   assert.equal(node.connections.length, 0);
 });
+
+function memoryStore() {
+  const items = new Map();
+  return {
+    items,
+    getItem: (k) => items.get(k) ?? null,
+    setItem: (k, v) => items.set(k, v),
+    removeItem: (k) => items.delete(k),
+  };
+}
+
+test('a reloaded runtime (a new stub instance, same runtimeURL) resumes its session with its token', async (t) => {
+  const node = await nodeFor(t, { acks: true });
+  const sessionStore = memoryStore();
+  const first = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
+  await first.connect();
+  const firstConn = await until(() => node.connections[0], 'first connection');
+  assert.equal(firstConn.frames[0].data.token, undefined, 'a first connection has no token');
+
+  // The page reloads: the old instance is gone without a word, a new one starts.
+  const second = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
+  await second.connect();
+  const secondConn = await until(() => node.connections[1], 'second connection');
+  assert.equal(secondConn.frames[0].data.token, firstConn.token, 'the kept token is presented');
+  assert.equal(secondConn.frames[0].data.ack.received, 0);
+  assert.notEqual(secondConn.frames[0].data.ack.stub, firstConn.frames[0].data.ack.stub);
+
+  // A clean disconnect releases the session: the next instance starts a fresh one.
+  await second.disconnect();
+  assert.equal(sessionStore.items.size, 0);
+  const third = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
+  await third.connect();
+  const thirdConn = await until(() => node.connections[2], 'third connection');
+  assert.equal(thirdConn.frames[0].data.token, undefined);
+});
+
+test('without a store of its own, stubs of one process share the session of a runtimeURL', async (t) => {
+  const node = await nodeFor(t, { acks: true });
+  const runtimeURL = 'runtime://example.com/reloaded-in-node';
+  const first = await newStub(t, { bus: fakeBus(), node, runtimeURL, acknowledged: true });
+  await first.connect();
+  const firstConn = await until(() => node.connections[0], 'first connection');
+  const second = await newStub(t, { bus: fakeBus(), node, runtimeURL, acknowledged: true });
+  await second.connect();
+  const secondConn = await until(() => node.connections[1], 'second connection');
+  assert.equal(secondConn.frames[0].data.token, firstConn.token);
+  // `sessionStore: null` keeps nothing beyond the instance.
+  const alone = await newStub(t, { bus: fakeBus(), node, runtimeURL, sessionStore: null, acknowledged: true });
+  await alone.connect();
+  const aloneConn = await until(() => node.connections[2], 'third connection');
+  assert.equal(aloneConn.frames[0].data.token, undefined);
+});

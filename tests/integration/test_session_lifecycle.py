@@ -1,0 +1,161 @@
+"""Runtimes come and go as real runtimes do (issues 17 and 23), on SQLite and PostgreSQL: a
+reload resumes at once, a stale token is moot, races between connects, closes and disconnects
+resolve with defined answers, and a failure inside the node closes 1011 (resume), never 1000
+(released), with nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ..conftest import NodeFactory
+from ..support.runtime import PyRuntime, stub_url
+
+pytestmark = [pytest.mark.integration]
+D = "mn.test"
+
+
+async def test_a_reloaded_runtime_resumes_its_session_with_everything_kept(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    node = await start_node(database_url)
+    page = await PyRuntime(stub_url(node), f"runtime://{D}/reload-page", acked=True).connect()
+    peer = await PyRuntime(stub_url(node), f"runtime://{D}/reload-peer", acked=True).connect()
+    try:
+        [h] = await page.allocate(D)
+        [p] = await peer.allocate(D)
+        await page.drop()  # the page reloads: its old instance is gone without a word
+        for i in range(5):
+            await peer.send({"id": f"while-{i}", "type": "ping", "from": p, "to": h})
+        # The new instance: the same runtimeURL, a new stub id, the kept token.
+        reloaded = PyRuntime(page.stub_url, page.runtime_url, acked=True)
+        reloaded.token = page.token
+        await reloaded.connect()
+        assert reloaded.connect_answer is not None
+        assert reloaded.connect_answer["data"]["session"] == "resumed"
+        got = await reloaded.receive_n(5, 15)
+        assert [m["id"] for m in got] == [f"while-{i}" for i in range(5)]
+        # Its hyperty is still its own: answers reach it.
+        await peer.send({"id": "after", "type": "ping", "from": p, "to": h})
+        assert (await reloaded.receive(10))["id"] == "after"
+        # A stranger who knows only the runtimeURL gets nothing.
+        stranger = await PyRuntime(page.stub_url, page.runtime_url).connect(
+            handshake="v1", token=None
+        )
+        assert stranger.connect_answer is not None
+        assert stranger.connect_answer["response"] == 401
+        await stranger.close()
+        await reloaded.close()
+    finally:
+        await peer.close()
+
+
+async def test_a_stale_token_gets_a_new_session_at_once(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    node = await start_node(database_url)
+    first = await PyRuntime(stub_url(node), f"runtime://{D}/stale", acked=True).connect()
+    token = first.token
+    await first.disconnect()
+    again = PyRuntime(stub_url(node), f"runtime://{D}/stale", acked=True)
+    again.token = token
+    await again.connect()
+    try:
+        assert again.connect_answer is not None
+        assert again.connect_answer["response"] == 200
+        assert again.connect_answer["data"]["session"] == "new"
+    finally:
+        await again.close()
+
+
+async def test_racing_connects_closes_and_disconnects_resolve_without_errors(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    """The reTHINK suite's pattern, many times at once: a stub disconnects and a new instance
+    for the same runtimeURL connects at once; plus two connects of one session racing."""
+    node = await start_node(database_url)
+    answers: list[Any] = []
+
+    async def cycle(n: int) -> None:
+        url = f"runtime://{D}/race-{n % 4}"
+        for _ in range(5):
+            runtime = PyRuntime(stub_url(node), url, acked=True)
+            await runtime.connect()
+            answers.append(runtime.connect_answer)
+            if runtime.connect_answer and runtime.connect_answer.get("response") == 200:
+                await runtime.send({"id": "x", "type": "ping", "from": url, "to": url})
+                await runtime.disconnect()
+            await runtime.close()
+
+    await asyncio.gather(*(cycle(n) for n in range(12)))
+    codes = [a.get("response") for a in answers if a]
+    assert len(codes) == 60
+    # Refused only as the protocol says (a session of the same runtimeURL was being held by
+    # another connection racing it), never a server error.
+    assert set(codes) <= {200, 401}, codes
+    assert codes.count(200) >= 20, codes
+    # Every session was released: nothing is left behind.
+    async with asyncio.timeout(10):
+        while any(node.sessions.by_runtime(f"runtime://{D}/race-{i}") for i in range(4)):
+            await asyncio.sleep(0.05)
+
+
+async def test_two_tabs_with_one_session_the_newer_wins(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    node = await start_node(database_url)
+    first = await PyRuntime(stub_url(node), f"runtime://{D}/tabs", acked=True).connect()
+    second = PyRuntime(stub_url(node), f"runtime://{D}/tabs", acked=True)
+    second.token = first.token
+    await second.connect()
+    try:
+        assert second.connect_answer is not None and second.connect_answer["response"] == 200
+        async with asyncio.timeout(5):
+            while first.close_code is None:
+                await asyncio.sleep(0.02)
+        assert first.close_code == 4409
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_failure_inside_the_node_is_no_release_and_loses_nothing(
+    start_node: NodeFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database fails while a numbered message is decided (a learned route is written):
+    the connection closes 1011, the stub comes back with its token and sends the message again,
+    which is routed once."""
+    node = await start_node(database_url)
+    sender = await PyRuntime(stub_url(node), f"runtime://{D}/fail-sender", acked=True).connect()
+    receiver = await PyRuntime(stub_url(node), f"runtime://{D}/fail-receiver", acked=True).connect()
+    [r] = await receiver.allocate(D)
+    learn = node.routes.learn
+    failures = {"left": 1}
+
+    async def failing_learn(session_id: int, address: str) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("the database went away")
+        await learn(session_id, address)
+
+    monkeypatch.setattr(node.routes, "learn", failing_learn)
+    try:
+        await sender.send({"id": "once", "type": "ping", "from": f"user://{D}/fail", "to": r})
+        async with asyncio.timeout(5):
+            while sender.close_code is None:
+                await asyncio.sleep(0.02)
+        assert sender.close_code == 1011
+        assert node.sessions.by_runtime(sender.runtime_url) is not None, "not released"
+        await sender.connect()  # as the stub does: with its token, resending what is unacked
+        assert sender.connect_answer is not None
+        assert sender.connect_answer["data"]["session"] == "resumed"
+        assert (await receiver.receive(10))["id"] == "once"
+        assert await receiver.nothing_within(1.0)
+        async with asyncio.timeout(5):
+            while sender.unacked:
+                await asyncio.sleep(0.02)
+    finally:
+        await sender.close()
+        await receiver.close()
