@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..carrier import Routed
+from ..envelope import control_error
 from ..observability import NodeMetrics
 from ..routing_table import RoutingTable
 from ..sessions.mailbox import Parcel
@@ -74,10 +75,12 @@ class Delivery:
                     delivered.append(0)
                     continue
                 routed = admitted
+            # Marked once handed to its mailboxes: an event delivered again after a failure
+            # here skips what was handed on before it, and no more.
+            delivered.append(await self._deliver_one(routed, ticket))
             marks[origin] = routed.oseq
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq
-            delivered.append(await self._deliver_one(routed, ticket))
         if ticket is not None:
             ticket.sealed = True
             if ticket.event_id is not None:
@@ -102,12 +105,19 @@ class Delivery:
                 continue
             if session.mailbox.waiting_bytes > self._waiting_limit:
                 # A subscriber that stays away with its backlog full (a direct destination's
-                # sender is refused 413 at the ingress instead).
+                # sender is refused 413 at the ingress instead): the message is not kept for
+                # it, and the journal says so (the audit trail names what it missed).
                 self._metrics.quota_refusals.labels("waiting_bytes").inc()
+                self._journal.rejected(
+                    session.runtime_url,
+                    routed.text,
+                    control_error(507, "not kept for this runtime: too much is waiting for it"),
+                )
                 continue
-            if await session.mailbox.deliver(parcel, ticket) == "live":
+            outcome = await session.mailbox.deliver(parcel, ticket)
+            if outcome == "live":
                 live += 1
-            else:
+            elif outcome == "queued":
                 queued += 1
         if live:
             self._live.inc(live)

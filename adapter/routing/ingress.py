@@ -47,7 +47,7 @@ from ..services.registry import (
 from ..sessions.link import Link
 from ..sessions.mailbox import Parcel
 from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
-from ..sessions.upstream import Pending
+from ..sessions.upstream import Pending, Settles
 from ..storage.routes import RouteStore
 from .federation import Federation
 from .journal import Journal
@@ -187,7 +187,10 @@ class Ingress:
     async def _decide(
         self, attachment: Attachment, raw: str, parsed: dict[str, Any], pending: Pending | None
     ) -> bool:
-        """Returns whether the message went to an outbox (done when it is persisted)."""
+        """Returns whether the message is done later: when the events carrying it are
+        persisted, or when the node's answer to it is settled (acknowledged by its stub, or
+        stored), so that an acknowledged request never has an answer that lives only in
+        memory."""
         session = attachment.session
         try:
             message = check_header(raw, parsed)
@@ -197,16 +200,13 @@ class Ingress:
         if session.vouched_until <= time():
             # The node no longer vouches for the identity: nothing goes out in its name until
             # the runtime presents a fresh credential ({cmd: 'auth'}).
-            await self._refuse(attachment, message, 401, CREDENTIAL_EXPIRED)
-            return False
+            return await self._refuse(attachment, message, 401, CREDENTIAL_EXPIRED, pending)
         denial = self._policy.check(session.id, message, session.identity)
         if denial is not None:
-            await self._refuse(attachment, message, denial.code, denial.reason)
-            return False
+            return await self._refuse(attachment, message, denial.code, denial.reason, pending)
         raw, refusal = self._assert_identity(session.identity, message)
         if refusal is not None:
-            await self._refuse(attachment, message, 403, refusal)
-            return False
+            return await self._refuse(attachment, message, 403, refusal, pending)
 
         service = self._services.lookup(message.to_first)
         if service is not None:
@@ -214,27 +214,29 @@ class Ingress:
                 # The MN sends no requests, so a response to one of its services answers nothing.
                 self._metrics.messages_in.labels("response_to_service").inc()
                 return False
-            await self._serve(service, attachment, message)
-            return False
+            return await self._serve(service, attachment, message, pending)
 
         if not self._table.belongs_to(session.id, message.from_):
             if self._table.owner(message.from_) is not None:
                 # Learned by another session (allocated ones are the policy engine's): it stays
                 # that session's route until that session lets it go.
-                await self._refuse(
-                    attachment, message, 403, f"'{message.from_}' is in use by another runtime"
+                return await self._refuse(
+                    attachment,
+                    message,
+                    403,
+                    f"'{message.from_}' is in use by another runtime",
+                    pending,
                 )
-                return False
             if self._table.holdings(session.id).learned >= self._quotas.learned_routes:
                 self._metrics.quota_refusals.labels("learned_routes").inc()
-                await self._refuse(
+                return await self._refuse(
                     attachment,
                     message,
                     429,
                     f"a runtime may send from at most {self._quotas.learned_routes} addresses "
                     "it was not allocated",
+                    pending,
                 )
-                return False
             if self._table.learn(session.id, message.from_):
                 await self._routes.learn(session.id, message.from_)
         destinations = self._table.destinations(message.to, session.id)
@@ -244,8 +246,9 @@ class Ingress:
                 # Answering a response would start a loop of error answers; count and drop.
                 self._metrics.messages_in.labels("unroutable_response").inc()
                 return False
-            await self._refuse(attachment, message, 404, f"no route to {' '.join(message.to)}")
-            return False
+            return await self._refuse(
+                attachment, message, 404, f"no route to {' '.join(message.to)}", pending
+            )
         outboxes: list[Outbox] = []
         if destinations.sessions or not remote:
             outboxes.append(self._outboxes.for_session(session))
@@ -254,25 +257,32 @@ class Ingress:
             try:
                 outboxes.append(await self._federation.link(domain))
             except PeerRefused as refused:
-                await self._refuse(attachment, message, refused.code, refused.reason)
-                return False
+                return await self._refuse(
+                    attachment, message, refused.code, refused.reason, pending
+                )
 
         for owner in destinations.owners:
             if self._waiting_bytes(owner) + len(raw) > self._quotas.waiting_bytes:
                 self._metrics.quota_refusals.labels("waiting_bytes").inc()
-                await self._refuse(
-                    attachment, message, 413, "too much is waiting for the destination runtime"
+                return await self._refuse(
+                    attachment,
+                    message,
+                    413,
+                    "too much is waiting for the destination runtime",
+                    pending,
                 )
-                return False
 
         for outbox in outboxes:
             if not outbox.has_room_for(len(raw)) and not await self._wait_for_room(
                 outbox, len(raw), attachment
             ):
-                await self._refuse(
-                    attachment, message, 503, "the node is waiting for the homeserver; retry later"
+                return await self._refuse(
+                    attachment,
+                    message,
+                    503,
+                    "the node is waiting for the homeserver; retry later",
+                    pending,
                 )
-                return False
         upstream = attachment.upstream
         if upstream is not None and pending is not None:
             sender, oseq = session.sender(upstream.origin), pending.seq
@@ -333,7 +343,9 @@ class Ingress:
                 return True
         return False
 
-    async def _serve(self, service: MnService, attachment: Attachment, message: Message) -> None:
+    async def _serve(
+        self, service: MnService, attachment: Attachment, message: Message, pending: Pending | None
+    ) -> bool:
         session = attachment.session
         try:
             reply = await service.handle(
@@ -341,25 +353,38 @@ class Ingress:
             )
         except Exception:
             log.exception("MN service failed", to=message.to_first, type=message.type)
-            await self._refuse(attachment, message, 500, "internal error in the MN")
-            return
+            return await self._refuse(attachment, message, 500, "internal error in the MN", pending)
         text = answer(message, reply.code, value=reply.value, desc=reply.desc, extra=reply.extra)
-        await self._answer(attachment, text)
+        deferred = await self._answer(attachment, text, pending)
         self._journal.service(session.runtime_url, message.raw, text, reply.affected)
         self._metrics.messages_in.labels("service").inc()
+        return deferred
 
     async def _refuse(
-        self, attachment: Attachment, message: Message, code: int, reason: str
-    ) -> None:
+        self,
+        attachment: Attachment,
+        message: Message,
+        code: int,
+        reason: str,
+        pending: Pending | None = None,
+    ) -> bool:
         text = answer(message, code, desc=reason)
-        await self._answer(attachment, text)
+        deferred = await self._answer(attachment, text, pending)
         self._journal.rejected(attachment.session.runtime_url, message.raw, text)
         self._metrics.messages_in.labels(f"refused_{code}").inc()
+        return deferred
 
     @staticmethod
-    async def _answer(attachment: Attachment, text: str) -> None:
-        if not attachment.session.released:
-            await attachment.session.mailbox.deliver(Parcel(text))
+    async def _answer(attachment: Attachment, text: str, pending: Pending | None = None) -> bool:
+        """Deliver the node's answer; with ``pending`` (the request's place in its stub's
+        numbering), the request is done once the answer is settled: whether that is later."""
+        session = attachment.session
+        if session.released:
+            return False
+        upstream = attachment.upstream
+        ticket = Settles(upstream, pending) if upstream is not None and pending else None
+        await session.mailbox.deliver(Parcel(text), ticket)
+        return ticket is not None
 
     async def refuse_frame(
         self, attachment: Attachment | None, link: Link, raw: str | None, exc: InvalidMessage

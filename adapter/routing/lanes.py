@@ -36,6 +36,9 @@ from .stream import BatchStream, OnRefused, StreamLimits, Traffic
 
 log = structlog.get_logger(__name__)
 
+# Delivering one lane event is tried this many times before it is given up (counted).
+DELIVERY_ATTEMPTS = 3
+
 
 @dataclass(slots=True)
 class Outgoing:
@@ -175,16 +178,26 @@ class Lane(StreamOutbox):
         try:
             while self._deliveries:
                 batch, ticket, sent_at = self._deliveries.popleft()
-                try:
-                    await self._delivery.deliver([i.routed for i in batch], ticket, sent_at)
-                except Exception:
-                    # Settle what it holds: a crash would replay the event, a bug must not
-                    # hold the lane's position back for ever.
-                    ticket.sealed = True
-                    log.exception("delivery of a lane event failed", lane=self.index)
+                await self._deliver_event([i.routed for i in batch], ticket, sent_at)
         finally:
             self._delivering = None
             self._idle.set()
+
+    async def _deliver_event(self, routed: list[Routed], ticket: Ticket, sent_at: float) -> None:
+        """A failure while delivering (a database call of a mailbox) is retried: what was
+        handed on before it is not handed on again. A failure that lasts is a bug: the event is
+        settled as it stands, so that it does not hold the lane's position back for ever (a
+        restart of the node replays it from the room), and counted."""
+        for attempt in range(1, DELIVERY_ATTEMPTS + 1):
+            try:
+                await self._delivery.deliver(routed, ticket, sent_at)
+                return
+            except Exception:
+                log.exception("delivery of a lane event failed", lane=self.index, attempt=attempt)
+                if attempt < DELIVERY_ATTEMPTS:
+                    await asyncio.sleep(0.1 * attempt)
+        ticket.sealed = True
+        self._metrics.matrix_events_in.labels("delivery_failed").inc()
 
     # -- start and stop -------------------------------------------------------------------------
 

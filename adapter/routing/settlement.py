@@ -113,13 +113,17 @@ class Settlement:
         self._mailboxes.add(mailbox)
 
     async def run(self) -> None:
-        """Checkpoint every ``interval`` while there is something to write."""
+        """Checkpoint every ``interval`` while there is something to write; while the database
+        fails, back off (up to 5 s) rather than hammer it."""
+        delay = self._interval
         while True:
-            await asyncio.sleep(self._interval)
+            await asyncio.sleep(delay)
             try:
                 await self.checkpoint()
-            except Exception:
-                log.exception("checkpoint failed")
+                delay = self._interval
+            except Exception as exc:  # noqa: BLE001 - logged; the next round tries again
+                log.warning("checkpoint failed; retrying", error=repr(exc), retry_in=delay)
+                delay = min(delay * 2, 5.0)
 
     async def checkpoint(self, final: bool = False) -> None:
         """Write one checkpoint. ``final`` (at shutdown) stores everything not acknowledged."""

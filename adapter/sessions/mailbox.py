@@ -127,7 +127,8 @@ class DeliveryStore(Protocol):
     async def remove_through(self, session_id: int, dseq: int) -> None: ...
 
 
-Outcome = str  # "live" (on its socket) or "queued" (kept for its resume)
+# "live" (on its socket), "queued" (kept for its resume), "released" (the session is gone)
+Outcome = str
 
 
 class Mailbox:
@@ -164,6 +165,9 @@ class Mailbox:
         self._writing = 0
         self._written = asyncio.Event()
         self._written.set()
+        # Released: nothing is delivered, kept or stored any more (its rows are gone, and a
+        # checkpoint writing for it would fail for every session).
+        self.discarded = False
 
     # -- state --------------------------------------------------------------------------------
 
@@ -206,6 +210,8 @@ class Mailbox:
     # -- delivering ---------------------------------------------------------------------------
 
     async def deliver(self, parcel: Parcel, ticket: Ticket | None = None) -> Outcome:
+        if self.discarded:
+            return "released"
         dseq = self._next()
         link = self._link
         if link is not None and not self._replaying:
@@ -217,6 +223,9 @@ class Mailbox:
                 await link.send(parcel.frame(dseq))
                 return "live"
             if await link.send(parcel.payload()):
+                if ticket is not None:  # a plain stub has it once its socket took it
+                    ticket.hold()
+                    ticket.release()
                 return "live"
         self._kept.append(self._new_entry(dseq, parcel, ticket))
         self._on_dirty(self)
@@ -236,8 +245,14 @@ class Mailbox:
 
     def give_back(self, texts: Sequence[str]) -> None:
         """Messages a plain stub's connection could not write before it was dropped as too slow:
-        kept, ahead of anything newer, for the runtime's resume."""
-        self._kept[:0] = [self._new_entry(self._next(), Parcel(text), None) for text in texts]
+        kept, ahead of anything newer, for the runtime's resume. What was kept meanwhile is
+        numbered again after them (nothing kept is stored yet), so the order holds."""
+        if self.discarded or not texts:
+            return
+        entries = [self._new_entry(0, Parcel(text), None) for text in texts] + self._kept
+        for entry in entries:
+            entry.dseq = self._next()
+        self._kept = entries
         self._on_dirty(self)
 
     # -- storing (called by the checkpoint) ---------------------------------------------------
@@ -252,6 +267,8 @@ class Mailbox:
         return self._take(min_age, self._replaying and self._link is not None)
 
     def _take(self, min_age: float | None, leave_kept: bool) -> list[Entry]:
+        if self.discarded:
+            return []
         if leave_kept:
             taken: list[Entry] = []
         else:
@@ -291,6 +308,10 @@ class Mailbox:
         """Writing ``entries`` failed: keep them for the next checkpoint."""
         if entries:
             self._write_done()
+        if self.discarded:
+            for entry in entries:
+                entry.settle()
+            return
         self._kept[:0] = entries
         self._on_dirty(self)
 
@@ -388,6 +409,7 @@ class Mailbox:
 
     def discard(self) -> None:
         """The session is released: nothing more will be delivered or kept."""
+        self.discarded = True
         for entry in (*self._inflight, *self._kept):
             entry.settle()
         self._inflight.clear()

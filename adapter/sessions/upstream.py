@@ -65,3 +65,26 @@ class Upstream:
             advanced = True
         if advanced:
             self._on_progress(self)
+
+
+class Settles:
+    """A delivery of the node's answer to a numbered request, as a mailbox ticket: the request
+    is done — and acknowledged to its stub — once its answer is settled (acknowledged by the
+    stub, or stored), never while the answer lives only in the node's memory."""
+
+    __slots__ = ("_held", "_pending", "_upstream")
+
+    event_id = None  # not part of a lane event
+
+    def __init__(self, upstream: Upstream, pending: Pending) -> None:
+        self._upstream = upstream
+        self._pending = pending
+        self._held = 0
+
+    def hold(self) -> None:
+        self._held += 1
+
+    def release(self) -> None:
+        self._held -= 1
+        if self._held <= 0:
+            self._upstream.done(self._pending)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import structlog
 from sqlalchemy import Engine, Insert, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
@@ -47,6 +48,8 @@ from sqlalchemy.pool import StaticPool
 from ..private_files import SQLITE_SIDE_FILES, create_private_file, private_dir
 from .direct_pg import DirectPostgres
 from .prepared import Prepared, Rows
+
+log = structlog.get_logger(__name__)
 
 __all__ = [
     "Database",
@@ -362,8 +365,8 @@ class Database:
                     if size:
                         mode = "TRUNCATE" if size > WAL_TRUNCATE_BYTES else "PASSIVE"
                         conn.exec_driver_sql(f"PRAGMA wal_checkpoint({mode})")
-                except Exception:  # noqa: BLE001 - the next round tries again
-                    continue
+                except Exception as exc:  # noqa: BLE001 - the next round tries again
+                    log.warning("WAL checkpoint failed", error=repr(exc))
 
     def _connect(self) -> Connection:
         conn = self.engine.connect()

@@ -157,7 +157,10 @@ class PendingDelivery(Base):
     when its stub is slow to acknowledge it. Replayed in delivery-number order."""
 
     __tablename__ = "pending_deliveries"
-    __table_args__ = (Index("ix_pending_deliveries_session_dseq", "session_id", "dseq"),)
+    # Unique: a checkpoint retried after an ambiguous commit writes nothing twice.
+    __table_args__ = (
+        Index("ix_pending_deliveries_session_dseq", "session_id", "dseq", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     session_id: Mapped[int] = mapped_column(ForeignKey("runtime_sessions.id", ondelete="CASCADE"))

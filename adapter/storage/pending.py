@@ -6,14 +6,18 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select
+from sqlalchemy import Connection, bindparam, delete, func, select
 
 from .clock import utcnow
-from .database import Database
+from .database import Database, upsert
 from .models import PendingDelivery
 
 _P = PendingDelivery
-_APPEND = insert(_P)
+# A row already there (the same checkpoint, retried after a commit whose outcome was unknown)
+# is left as it is.
+_APPEND = {
+    dialect: upsert(dialect, _P, ["session_id", "dseq"]) for dialect in ("sqlite", "postgresql")
+}
 _REMOVE_THROUGH = delete(_P).where(
     _P.session_id == bindparam("sid"), _P.dseq <= bindparam("through")
 )
@@ -68,7 +72,7 @@ def kept_rows(
 
 def write_kept(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if rows:
-        conn.execute(_APPEND, rows[0] if len(rows) == 1 else rows)
+        conn.execute(_APPEND[conn.dialect.name], rows[0] if len(rows) == 1 else rows)
 
 
 def delete_through(conn: Connection, deletes: Sequence[tuple[int, int]]) -> None:

@@ -23,13 +23,12 @@ CLOSE_UNAUTHORIZED = 4401
 
 class StubConnection:
     """While the socket's buffer is full, frames wait in a backlog written by a task of this
-    connection alone, so a send does not wait on a slow reader. Only when the runtime falls far
-    behind (a quarter of its backlog allowance) does a send wait for it to catch up: that slows
-    the senders down (the homeserver's transactions, or a direct sender's socket) instead of
-    dropping anything. A runtime that stays behind for ``slow_seconds``, or whose backlog
-    reaches the allowance, is disconnected and what it had not received is handed back
-    (``on_overflow``, set once the connection is attached to a plain stub's session) to be kept
-    for its resume; a stub that acknowledges deliveries gets them again from its mailbox."""
+    connection alone: a send never waits on a slow reader (the lane delivering to it delivers
+    to everyone else too). A runtime that stays far behind (a quarter of its backlog allowance)
+    for ``slow_seconds``, or whose backlog reaches the allowance, is disconnected and what it
+    had not received is handed back (``on_overflow``, set once the connection is attached to a
+    plain stub's session) to be kept for its resume; a stub that acknowledges deliveries gets
+    them again from its mailbox."""
 
     def __init__(
         self,
@@ -43,7 +42,7 @@ class StubConnection:
         self._max_backlog = max_backlog_bytes
         self._soft_backlog = max_backlog_bytes // 4
         self._slow_seconds = slow_seconds
-        self._caught_up = asyncio.Event()
+        self._behind: asyncio.TimerHandle | None = None
         self.on_overflow: Callable[[list[str]], None] | None = None
         self._backlog: deque[bytes] = deque()
         self._backlog_bytes = 0
@@ -69,8 +68,10 @@ class StubConnection:
         payload = data.encode() if isinstance(data, str) else data
         if self._writer is not None or self._congested():
             self._add_backlog(payload)
-            if self._backlog_bytes > self._soft_backlog and not await self._catch_up():
-                self._too_slow()
+            if self._backlog_bytes > self._soft_backlog and self._behind is None:
+                self._behind = asyncio.get_running_loop().call_later(
+                    self._slow_seconds, self._still_behind
+                )
             return True
         try:
             await self.ws.send_frame(payload, WSMsgType.TEXT)
@@ -78,16 +79,16 @@ class StubConnection:
             return False
         return True
 
-    async def _catch_up(self) -> bool:
-        """Wait until the backlog is down to half the soft limit; False if that took too long."""
-        try:
-            async with asyncio.timeout(self._slow_seconds):
-                while self._backlog_bytes > self._soft_backlog // 2 and not self.ws.closed:
-                    self._caught_up.clear()
-                    await self._caught_up.wait()
-        except TimeoutError:
-            return False
-        return True
+    def _still_behind(self) -> None:
+        """``slow_seconds`` after it fell far behind: disconnected unless it caught up."""
+        self._behind = None
+        if self._backlog_bytes > self._soft_backlog // 2 and not self.ws.closed:
+            self._too_slow()
+
+    def _caught_up(self) -> None:
+        if self._behind is not None:
+            self._behind.cancel()
+            self._behind = None
 
     def _too_slow(self) -> None:
         if not self._backlog:
@@ -115,11 +116,10 @@ class StubConnection:
                 self._backlog.popleft()
                 self._backlog_bytes -= len(payload)
                 if self._backlog_bytes <= self._soft_backlog // 2:
-                    self._caught_up.set()
+                    self._caught_up()
         except (ConnectionError, RuntimeError):
             pass
         finally:
-            self._caught_up.set()
             self._writer = None
             if self._backlog and self.ws.closed:
                 self._hand_back()
@@ -128,7 +128,7 @@ class StubConnection:
         left = list(self._backlog)
         self._backlog.clear()
         self._backlog_bytes = 0
-        self._caught_up.set()
+        self._caught_up()
         if self.on_overflow is not None:
             self.on_overflow([p.decode() for p in left])
 

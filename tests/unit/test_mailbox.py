@@ -229,3 +229,27 @@ async def test_a_released_session_settles_everything_it_held() -> None:
     await box.deliver(message(1), ticket)
     box.discard()
     assert ticket.pending == 0
+
+
+async def test_a_released_mailbox_keeps_and_stores_nothing_more() -> None:
+    """A delivery racing a release (a writer's hand-back, a resume) must not leave entries for a
+    session whose rows are gone: every checkpoint of every session would fail on them."""
+    box, _ = mailbox()
+    ticket = FakeTicket()
+    await box.deliver(message(1), ticket)  # kept: nobody is attached
+    taken = box.take_unstored(None)
+    box.discard()
+    box.not_stored(taken)  # the checkpoint writing them failed (the rows are gone)
+    assert ticket.pending == 0  # settled: the lane's position is not held back by them
+    assert await box.deliver(message(2)) == "released"
+    box.give_back(['{"id":3}'])
+    assert box.take_unstored(None) == [] and not box.dirty
+
+
+async def test_what_a_plain_stub_did_not_read_comes_back_before_what_was_kept_after_it() -> None:
+    box, _ = mailbox()
+    await box.deliver(message(2))  # kept after the drop
+    box.give_back([message(1).text])  # its socket had not written message 1
+    kept = box.take_unstored(None)
+    assert [orjson.loads(e.text)["id"] for e in kept] == [1, 2]
+    assert [e.dseq for e in kept] == sorted(e.dseq for e in kept)

@@ -25,7 +25,7 @@ from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
 from adapter.services.registry import node_addresses
-from adapter.sessions.mailbox import Mailbox
+from adapter.sessions.mailbox import Mailbox, Parcel
 from adapter.sessions.session import Attachment, Session
 from adapter.sessions.upstream import Upstream
 from adapter.stub.protocol import BadHello, parse_hello, split_numbered
@@ -118,6 +118,33 @@ async def test_a_delivery_to_an_acknowledging_stub_holds_the_event_until_acknowl
     receiver.mailbox.on_ack(link.numbers()[0])
     assert ledger.advance(marks, changed) == "$e1"
     assert marks == {f"{sender.key}.s": 5} and changed == {f"{sender.key}.s"}
+
+
+async def test_a_delivery_that_fails_midway_is_delivered_again_from_where_it_failed() -> None:
+    """Defect: a failure sealed the event with its later messages skipped, the position moving
+    past them. Now the lane tries the event again; what was handed on is not handed on twice."""
+    table = RoutingTable()
+    sessions = Sessions()
+    sender, receiver = sessions.add(1, table), sessions.add(2, table)
+    table.add_allocations(2, ["hyperty://d/r"], None)
+    link = await attached(receiver)
+    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    deliver = receiver.mailbox.deliver
+    calls = {"n": 0}
+
+    async def failing_second(parcel: Parcel, ticket: object = None) -> str:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ConnectionError("the database went away while keeping it")
+        return await deliver(parcel, ticket)  # type: ignore[arg-type]
+
+    receiver.mailbox.deliver = failing_second  # type: ignore[method-assign]
+    event = [routed(sender, n, "hyperty://d/r") for n in (1, 2, 3)]
+    ticket = LaneLedger("!lane").open("$e1")
+    with pytest.raises(ConnectionError):
+        await delivery.deliver(event, ticket)
+    await delivery.deliver(event, ticket)  # the lane's retry
+    assert [m["id"] for m in link.messages()] == [1, 2, 3]  # type: ignore[index]
 
 
 # -- settlement ---------------------------------------------------------------------------------
@@ -331,7 +358,9 @@ async def test_numbered_messages_are_done_when_answered_or_carried_and_resends_s
     [item] = outboxes.outbox.items
     assert item.routed.oseq == 4 and item.routed.sender.origin == upstream.origin
     item.done()  # the lane's event is persisted
-    assert acks == [3, 5]
+    assert acks == [3, 4], "5's answer lives only in the node's memory: not durable yet"
+    me.mailbox.on_ack(2**53)  # the stub acknowledges the answer it received
+    assert acks == [3, 4, 5]
 
 
 async def test_a_plain_stub_is_refused_with_503_when_the_homeserver_cannot_take_more() -> None:
