@@ -89,6 +89,8 @@ SHUTDOWN_FLUSH_SECONDS = 10.0
 SHUTDOWN_ACK_SECONDS = 1.0
 # Pending connections the kernel queues per listener (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 4096
+# How long what is kept per origin stays after the origin is retired.
+RETIRED_ORIGIN_SECONDS = 60.0
 # The journal is for audit and analytics, not for latency: at most four events a second.
 JOURNAL_INTERVAL = 0.25
 
@@ -158,6 +160,7 @@ class Node:
                 lambda s: self.table.remove_session(s.id),
                 lambda s: self.policy.forget(s.id),
             ],
+            retired=[self._retire_origin],
         )
         self.sessions = SessionRegistry(
             self._session_rows,
@@ -169,6 +172,8 @@ class Node:
             lifecycle,
             self.settlement.mailbox_dirty,
             self._acks.mark,
+            cfg.stub.max_detached_sessions,
+            self.metrics.sessions_evicted.inc,
         )
 
         # The message walk: journal, delivery, lanes (the outbound seam), ingress.
@@ -390,6 +395,15 @@ class Node:
         lifecycle.detached.append(when_running(presence.runtime_away))
         lifecycle.attached.append(when_running(presence.runtime_back))
         lifecycle.released.append(when_running(presence.runtime_away))
+
+    def _retire_origin(self, origin: str) -> None:
+        """What is kept per origin goes once the origin's last messages are through (a lane
+        delivers within seconds; a replay after a crash reads the marks from the database)."""
+        asyncio.get_running_loop().call_later(RETIRED_ORIGIN_SECONDS, self._forget_origin, origin)
+
+    def _forget_origin(self, origin: str) -> None:
+        self.delivery.marks.pop(origin, None)
+        self.settlement.forget(origin)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

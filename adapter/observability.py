@@ -88,7 +88,8 @@ class NodeMetrics:
         )
         self.matrix_events_in = Counter(
             "rethink_mn_matrix_events_received_total",
-            "Room events received from the homeserver, by outcome.",
+            "Room events handled, by outcome: delivered (a lane event once the homeserver "
+            "persisted it, a peer's event from the push), undecodable, ignored, failed.",
             ["outcome"],
             registry=registry,
         )
@@ -128,6 +129,18 @@ class NodeMetrics:
             "Items (messages, journal entries) the homeserver refused to carry for good, by "
             "stream; each routed one was answered to its sender with an error.",
             ["stream"],
+            registry=registry,
+        )
+        self.stream_dropped = Counter(
+            "rethink_mn_stream_items_dropped_total",
+            "Background items (journal entries) not kept because their stream's queue was full "
+            "while the homeserver was away.",
+            ["stream"],
+            registry=registry,
+        )
+        self.sessions_evicted = Counter(
+            "rethink_mn_sessions_evicted_total",
+            "Detached sessions released before their lifetime ended: too many were detached.",
             registry=registry,
         )
         self.peer_events = Counter(

@@ -12,6 +12,8 @@ destination), which is what the node promises ("in the order its sender sent it"
 - lost: acknowledged pairs that never arrived
 - recovered: pairs that arrived although never acknowledged (Jepsen's "recovered")
 - unacknowledged_undelivered: neither acknowledged nor delivered (allowed to be lost)
+- unaccounted: neither delivered nor refused with a code its sender saw: every attempted
+  message must end one way or the other, acknowledged or not
 - unexpected: arrivals of pairs never attempted (unknown sender or sequence number, a message at
   a runtime it was not sent to, or one that arrived with a different ``to``)
 - duplicated: arrivals beyond the first of the same pair
@@ -39,6 +41,7 @@ class Attempt:
     seq: int
     destinations: tuple[str, ...]
     acknowledged: bool
+    refused: bool = False  # the node answered it with an error its sender saw
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Verdict:
     lost: int = 0
     recovered: int = 0
     unacknowledged_undelivered: int = 0
+    unaccounted: int = 0
     unexpected: int = 0
     duplicated: int = 0
     reordered: int = 0
@@ -73,6 +77,7 @@ class Verdict:
     duplicated_sample: list[str] = field(default_factory=list)
     reordered_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
+    unaccounted_sample: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -88,6 +93,7 @@ SAMPLE = 8
 def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
     v = Verdict()
     expected: dict[tuple[str, str, int], bool] = {}  # (sender, receiver, seq) -> acknowledged
+    refused: set[tuple[str, str, int]] = set()
     for a in attempts:
         v.messages_attempted += 1
         for dest in a.destinations:
@@ -95,6 +101,8 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
             if key in expected:
                 raise ValueError(f"attempt listed twice: {key}")
             expected[key] = a.acknowledged
+            if a.refused:
+                refused.add(key)
     v.attempted = len(expected)
     v.acknowledged = sum(expected.values())
 
@@ -119,6 +127,7 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
         highest[stream] = max(highest.get(stream, 0), r.seq)
 
     lost: list[tuple[str, str, int]] = []
+    unaccounted: list[tuple[str, str, int]] = []
     for key, acked in expected.items():
         arrived = seen[key] > 0
         if arrived:
@@ -129,7 +138,11 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
             lost.append(key)
         else:
             v.unacknowledged_undelivered += 1
+        if not arrived and key not in refused:
+            unaccounted.append(key)
     v.lost = len(lost)
+    v.unaccounted = len(unaccounted)
+    v.unaccounted_sample = summarize(unaccounted)
     v.duplicated = len(duplicated)
     v.reordered = len(reordered)
     v.unexpected = len(unexpected)

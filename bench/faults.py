@@ -586,6 +586,7 @@ def evaluate(
             seq,
             layout.destinations(sender, seq),
             seq <= final["acked_through"] and seq not in refused_seqs[sender],
+            seq in refused_seqs[sender],
         )
         for sender, final in finals.items()
         for seq in range(1, final["attempted"] + 1)
@@ -709,7 +710,10 @@ def verdict_ok(result: dict[str, Any], recovery_limit: float) -> bool:
     counts = result.get("counts")
     if result.get("error") or not counts or not result.get("drained"):
         return False
-    clean = all(counts[k] == 0 for k in ("lost", "unexpected", "duplicated", "reordered"))
+    # Every attempted message ends delivered once, or refused with a code its sender saw.
+    clean = all(
+        counts[k] == 0 for k in ("lost", "unexpected", "duplicated", "reordered", "unaccounted")
+    )
     recovered = all(
         f["recovery_s"] <= recovery_limit
         if f["recovery_s"] is not None

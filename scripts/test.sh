@@ -39,4 +39,4 @@ if [[ -n "$fast" ]]; then
 fi
 
 echo "== Python tests (real Synapse, databases, Spark, Node.js, Chromium)"
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -rs "$@"

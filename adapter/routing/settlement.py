@@ -96,10 +96,19 @@ class Settlement:
         self.settled_marks: dict[str, int] = {}
         self._positions_due: dict[str, str] = {}
         self._marks_due: set[str] = set()
+        self._forget_after_write: set[str] = set()
         self._lock = asyncio.Lock()
 
     def restore(self, marks: dict[str, int]) -> None:
         self.settled_marks = dict(marks)
+
+    def forget(self, origin: str) -> None:
+        """An origin that carries no more messages: its mark leaves memory (once written; the
+        database keeps it until the maintenance prunes it)."""
+        if origin in self._marks_due:
+            self._forget_after_write.add(origin)
+        else:
+            self.settled_marks.pop(origin, None)
 
     def ledger(self, room_id: str) -> LaneLedger:
         ledger = self._ledgers.get(room_id)
@@ -171,6 +180,9 @@ class Settlement:
             if self._positions_due.get(room) == event:
                 del self._positions_due[room]
         self._marks_due.difference_update(marks)
+        for origin in self._forget_after_write & marks.keys():
+            self.settled_marks.pop(origin, None)
+        self._forget_after_write.difference_update(marks)
 
     def awaiting_acknowledgements(self) -> bool:
         """Whether a live stub has deliveries it has not acknowledged yet."""

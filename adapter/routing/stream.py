@@ -135,6 +135,7 @@ class BatchStream(Generic[T]):
         self._ready = ready
         self._on_refused = on_refused
         self._refused = metrics.refused_items.labels(name)
+        self._dropped = metrics.stream_dropped.labels(name)
         self._oldest = 0.0  # when the oldest queued item arrived
         self._queue: deque[T] = deque()
         self._queued_bytes = 0
@@ -166,6 +167,11 @@ class BatchStream(Generic[T]):
         return True
 
     def push(self, item: T) -> None:
+        if self._background and not self.has_room_for(self._encoder.size(item)):
+            # The homeserver has been away long enough to fill the queue: the audit entry is
+            # not kept (counted), rather than the node's memory growing without end.
+            self._dropped.inc()
+            return
         if not self._queue:
             self._oldest = time.monotonic()
         if self._traffic is not None and not self._background:

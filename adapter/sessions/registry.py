@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -74,6 +75,17 @@ class Lifecycle:
     released: list[Callable[[Session], None]] = field(default_factory=list)
     detached: list[Callable[[Session], None]] = field(default_factory=list)
     attached: list[Callable[[Session], None]] = field(default_factory=list)
+    # An origin that carries no more messages (a replaced stub instance's, a released
+    # session's): what is kept per origin can go.
+    retired: list[Callable[[str], None]] = field(default_factory=list)
+
+    def retire(self, origins: list[str]) -> None:
+        for origin in origins:
+            for listener in self.retired:
+                try:
+                    listener(origin)
+                except Exception:
+                    log.exception("origin listener failed", origin=origin)
 
     @staticmethod
     def _tell(listeners: list[Callable[[Session], None]], session: Session) -> None:
@@ -96,6 +108,8 @@ class SessionRegistry:
         lifecycle: Lifecycle,
         on_mailbox_dirty: Callable[[Mailbox], None],
         on_upstream_progress: Callable[[Session], None],
+        max_detached: int = 100_000,
+        on_evicted: Callable[[], None] = lambda: None,
     ) -> None:
         self._rows = rows
         self._deliveries = deliveries
@@ -112,6 +126,11 @@ class SessionRegistry:
         self._by_key: dict[str, Session] = {}
         # Every operation on a runtime's session goes through the runtime's line.
         self._serial = Serial()
+        # Sessions without a connection, longest detached first: bounded, the oldest released
+        # first beyond ``max_detached`` (each holds its kept deliveries and routes).
+        self._detached: OrderedDict[int, Session] = OrderedDict()
+        self._max_detached = max_detached
+        self._on_evicted = on_evicted
         self._background: set[asyncio.Task[None]] = set()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -152,6 +171,8 @@ class SessionRegistry:
             # The session's lifetime keeps counting from when it was last seen, across restarts.
             session.detached_at = time.monotonic() - max((now - last_seen).total_seconds(), 0)
             self._add(session)
+        for session in sorted(self._by_id.values(), key=lambda s: s.detached_at or 0.0):
+            self._detached[session.id] = session
 
     def _new_session(
         self,
@@ -234,12 +255,15 @@ class SessionRegistry:
             upstream: Upstream | None = None
             if hello is not None:
                 owner = session
-                upstream = session.upstream_for(
+                upstream, retired = session.upstream_for(
                     hello.stub, lambda _up: self._on_upstream_progress(owner)
                 )
+                if retired is not None:
+                    self._lifecycle.retire([retired])
             attachment = Attachment(session, link, upstream, resumed)
             session.attachment = attachment
             session.detached_at = None
+            self._detached.pop(session.id, None)
             session.mailbox.attach(link, acking=hello is not None)
             self._connections.inc()
             if previous is not None:
@@ -337,10 +361,22 @@ class SessionRegistry:
             return
         session.attachment = None
         session.detached_at = time.monotonic()
+        self._detached[session.id] = session
+        self._evict_beyond_bound()
         session.mailbox.detach(attachment.link)
         self._connections.dec()
         Lifecycle._tell(self._lifecycle.detached, session)
         await self._rows.set_state(session.id, SessionState.DETACHED)
+
+    async def disconnect(self, attachment: Attachment) -> bool:
+        """The runtime's ``disconnect`` on this connection: its session is released, unless a
+        newer connection has taken the session meanwhile (then that one keeps it). Whether the
+        session was released."""
+        async with self._serial.line(attachment.session.runtime_url):
+            if not attachment.current:
+                return False
+            await self._release(attachment.session)
+            return True
 
     async def release(self, session: Session) -> None:
         """`disconnect`, or expiry: forget the session and everything it owned. A connection
@@ -352,6 +388,7 @@ class SessionRegistry:
         if session.released:
             return
         session.released = True
+        self._detached.pop(session.id, None)
         if session.attachment is not None:
             session.attachment = None
             self._connections.dec()
@@ -360,22 +397,31 @@ class SessionRegistry:
         self._by_runtime.pop(session.runtime_url, None)
         self._by_key.pop(session.key, None)
         Lifecycle._tell(self._lifecycle.released, session)
+        self._lifecycle.retire(session.origins())
         await self._rows.delete(session.id)
+
+    def _evict_beyond_bound(self) -> None:
+        while len(self._detached) > self._max_detached:
+            _id, oldest = self._detached.popitem(last=False)
+            log.warning("detached session released early: too many", runtime=oldest.runtime_url)
+            self._on_evicted()
+            self._spawn(self._release_if_detached(oldest))
+
+    async def _release_if_detached(self, session: Session) -> None:
+        async with self._serial.line(session.runtime_url):
+            if session.attachment is None:
+                await self._release(session)
 
     async def expire(self) -> int:
         """Release sessions detached for longer than the configured lifetime."""
         cutoff = time.monotonic() - self._ttl
-        stale = [
-            s
-            for s in self._by_id.values()
-            if s.attachment is None and s.detached_at is not None and s.detached_at < cutoff
-        ]
-        expired = 0
+        stale = []
+        for session in self._detached.values():  # longest detached first
+            if session.detached_at is None or session.detached_at >= cutoff:
+                break
+            stale.append(session)
         for session in stale:
-            async with self._serial.line(session.runtime_url):
-                # Attached again while this waited for its line: not expired after all.
-                if session.attachment is None and not session.released:
-                    log.info("session expired", runtime=session.runtime_url)
-                    await self._release(session)
-                    expired += 1
-        return expired
+            log.info("session expired", runtime=session.runtime_url)
+            # Attached again while this waited for its line: not expired after all.
+            await self._release_if_detached(session)
+        return len(stale)

@@ -109,13 +109,27 @@ class Session:
             self._senders[origin] = sender
         return sender
 
-    def upstream_for(self, stub: str, on_progress: Callable[[Upstream], None]) -> Upstream:
+    def upstream_for(
+        self, stub: str, on_progress: Callable[[Upstream], None]
+    ) -> tuple[Upstream, str | None]:
         """The numbering state of the stub instance ``stub``: kept across its reconnects, new
-        when another instance (a reloaded page) takes the session."""
+        when another instance (a reloaded page) takes the session. Also the origin that is
+        retired by that (the previous instance's), if any."""
         origin = f"{self.key}.{stub}"
+        retired = None
         if self.upstream is None or self.upstream.origin != origin:
+            if self.upstream is not None:
+                retired = self.upstream.origin
+                self._senders.pop(retired, None)
             self.upstream = Upstream(origin, on_progress)
-        return self.upstream
+        return self.upstream, retired
+
+    def origins(self) -> list[str]:
+        """Every numbering this session's messages were carried in."""
+        found = set(self._senders)
+        if self.upstream is not None:
+            found.add(self.upstream.origin)
+        return sorted(found)
 
     def node_numbered(self) -> tuple[str, int]:
         """(origin, number) for a message from a stub that does not number its messages; the

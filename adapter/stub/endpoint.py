@@ -24,6 +24,7 @@ from ..identity.model import Identity, IdentityRejected, IdentityUnavailable
 from ..observability import NodeMetrics
 from ..routing.ingress import Ingress
 from ..routing.journal import Journal
+from ..sessions.link import CLOSE_REPLACED
 from ..sessions.registry import SessionRefused, SessionRegistry
 from ..sessions.session import AckHello, Attachment
 from ..sessions.tokens import TokenRejected
@@ -369,7 +370,13 @@ class StubEndpoint:
                     )
                 )
                 return attachment
-            await self._sessions.release(session)
+            if not await self._sessions.disconnect(attachment):
+                # A newer connection took the session meanwhile: it is that one's now.
+                await conn.send(
+                    control_error(409, "the session moved to a newer connection", cmd="disconnect")
+                )
+                await conn.close(CLOSE_REPLACED, "replaced by a newer connection")
+                return attachment
             log.info("runtime disconnected", runtime=session.runtime_url)
             await conn.send(dumps({"cmd": "disconnect", "response": 200}))
             await conn.close(CLOSE_NORMAL, "disconnected")

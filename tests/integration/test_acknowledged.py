@@ -200,14 +200,16 @@ async def test_homeserver_restart_mid_stream_loses_nothing(
         homeserver.process.start()
         await homeserver.process.wait_ready()
         back = asyncio.get_running_loop().time()
+        # Routing resumes within about two seconds of the homeserver answering again (the
+        # lanes retry at most every two seconds), as the README says: the next message held
+        # while it was away arrives within that, with a margin for a busy machine.
+        resumed = await numbers(bob, 1, timeout=60)
+        assert asyncio.get_running_loop().time() - back < 4.0
         await sending
-        rest = await numbers(bob, total - 50, timeout=60)
-        assert first + rest == list(range(total))
+        rest = await numbers(bob, total - 51, timeout=60)
+        assert first + resumed + rest == list(range(total))
         assert await bob.nothing_within(1.0)
         assert bob.duplicates == 0
-        # Routing resumed quickly once the homeserver answered again (the lanes retry within
-        # two seconds); all of it, not just the first message, arrived within this bound.
-        assert asyncio.get_running_loop().time() - back < 15
     finally:
         await alice.close()
         await bob.close()

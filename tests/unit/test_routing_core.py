@@ -344,7 +344,7 @@ async def test_numbered_messages_are_done_when_answered_or_carried_and_resends_s
     table.add_allocations(2, ["hyperty://mn.test/b"], None)
     link = await attached(me, acking=True)
     acks: list[int] = []
-    upstream = me.upstream_for("stubA", lambda up: acks.append(up.acked))
+    upstream, _ = me.upstream_for("stubA", lambda up: acks.append(up.acked))
     attachment = Attachment(me, link, upstream, False)
     outboxes = Outboxes()
     marks = {upstream.origin: 3}  # messages up to 3 were carried before a restart

@@ -1,0 +1,134 @@
+"""What the session registry keeps is bounded (issue 23): detached sessions beyond the bound
+are released oldest first; a replaced stub instance's and a released session's origins are
+retired; the per-runtime lines are gone when nobody uses them; racing operations of one
+runtime run one after the other."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from adapter.sessions.registry import Lifecycle, SessionRegistry
+from adapter.sessions.serial import Serial
+from adapter.sessions.session import AckHello
+from adapter.sessions.tokens import SessionTokens
+from adapter.storage.models import SessionState
+
+
+class Rows:
+    """The sessions table in memory, with a UNIQUE runtimeURL as the database has."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count(1)
+        self.by_runtime: dict[str, int] = {}
+
+    async def create(
+        self, runtime_url: str, user_id: str, key: str, protected: bool, identity: str | None
+    ) -> int:
+        await asyncio.sleep(0.001)  # a round trip: room for a race
+        if runtime_url in self.by_runtime:
+            raise RuntimeError("UNIQUE constraint failed: runtime_sessions.runtime_url")
+        self.by_runtime[runtime_url] = session_id = next(self.ids)
+        return session_id
+
+    async def set_state(self, session_id: int, state: SessionState, protect: bool = False) -> None:
+        await asyncio.sleep(0)
+
+    async def delete(self, session_id: int) -> None:
+        await asyncio.sleep(0.001)
+        self.by_runtime = {k: v for k, v in self.by_runtime.items() if v != session_id}
+
+    async def detach_all(self) -> None:
+        return None
+
+    async def all(self) -> list[Any]:
+        return []
+
+
+class Link:
+    peer = "test"
+    open = True
+
+    async def send(self, data: str | bytes) -> bool:
+        return True
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        return None
+
+
+class Gauge:
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
+def registry(
+    max_detached: int = 100, retired: list[str] | None = None
+) -> tuple[SessionRegistry, list[int]]:
+    evicted: list[int] = []
+    lifecycle = Lifecycle(retired=[retired.append] if retired is not None else [])
+    made = SessionRegistry(
+        Rows(),
+        None,  # type: ignore[arg-type]
+        SessionTokens("s" * 32, 3600),
+        lambda url: f"@u:{url}",
+        Gauge(),
+        3600,
+        lifecycle,
+        lambda _m: None,
+        lambda _s: None,
+        max_detached,
+        lambda: evicted.append(1),
+    )
+    return made, evicted
+
+
+async def test_detached_sessions_beyond_the_bound_are_released_oldest_first() -> None:
+    sessions, evicted = registry(max_detached=3)
+    for i in range(5):
+        attachment = await sessions.attach(f"runtime://d/{i}", Link(), None, None)
+        await sessions.detach(attachment)
+    await asyncio.sleep(0.05)
+    assert len(evicted) == 2
+    assert [s.runtime_url for s in sessions] == [f"runtime://d/{i}" for i in (2, 3, 4)]
+
+
+async def test_a_replaced_stub_instance_and_a_released_session_retire_their_origins() -> None:
+    retired: list[str] = []
+    sessions, _ = registry(retired=retired)
+    first = await sessions.attach("runtime://d/r", Link(), None, AckHello("stubaaaa1", 0))
+    key = first.session.key
+    await sessions.detach(first)
+    second = await sessions.attach("runtime://d/r", Link(), None, AckHello("stubbbbb2", 0))
+    assert retired == [f"{key}.stubaaaa1"]  # the reloaded page's old instance
+    second.session.sender(f"{key}.stubbbbb2")
+    await sessions.release(second.session)
+    assert retired == [f"{key}.stubaaaa1", f"{key}.stubbbbb2"]
+
+
+async def test_a_connect_racing_a_release_gets_a_new_session_and_no_error() -> None:
+    sessions, _ = registry()
+    for _ in range(20):
+        attachment = await sessions.attach("runtime://d/race", Link(), None, None)
+        # The old connection's `disconnect` and a new instance's connect, in either order.
+        release = asyncio.create_task(sessions.disconnect(attachment))
+        again = await sessions.attach("runtime://d/race", Link(), None, None)
+        released = await release
+        assert not again.session.released, "a newer connection keeps what it attached to"
+        assert released == (again.session is not attachment.session)
+        await sessions.release(again.session)
+    assert len(sessions._serial) == 0  # no line is kept once nobody uses it
+
+
+async def test_a_line_is_gone_once_nobody_holds_or_waits_for_it() -> None:
+    serial = Serial()
+    order: list[int] = []
+
+    async def hold(n: int) -> None:
+        async with serial.line("k"):
+            order.append(n)
+            await asyncio.sleep(0.01)
+
+    await asyncio.gather(*(hold(n) for n in range(5)))
+    assert order == [0, 1, 2, 3, 4] and len(serial) == 0
