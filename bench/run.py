@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import churn  # noqa: E402
 import crowd  # noqa: E402
 import domains  # noqa: E402
 import hostile  # noqa: E402
@@ -97,10 +98,11 @@ GROUPS = frozenset(
         "crowd",
         "federation",
         "hostile",
+        "churn",
     }
 )
 # Groups with their own stacks and reports (not the node / relay / bare phases).
-OWN_STACK = frozenset({"bare", "crowd", "federation", "hostile"})
+OWN_STACK = frozenset({"bare", "crowd", "federation", "hostile", "churn"})
 
 
 @dataclass
@@ -542,6 +544,7 @@ def print_tables(results: Results, checks: list[dict[str, Any]]) -> None:
         if not crowd.is_crowd_row(r)
         and not domains.is_federation_row(r)
         and not hostile.is_hostile_row(r)
+        and not str(r["test"]).startswith("churn_")
     )
     for test in tests:
         cells = []
@@ -761,6 +764,10 @@ async def main(args: argparse.Namespace) -> int:
             console.print,
             args.quick,
         )
+    if plan.runs("churn"):
+        await churn.run_group(
+            stack, launchers["node"], results, DOMAIN, work, console.print, args.quick
+        )
     if plan.runs("hostile"):
         await hostile.run_group(
             stack, launchers["node"], results, DOMAIN, work, console.print, args.quick
@@ -779,14 +786,16 @@ async def main(args: argparse.Namespace) -> int:
         )
     results.machine["loadavg_at_end"] = os.getloadavg()
 
-    checks = summarize(results) if plan.only - {"crowd", "federation", "hostile"} else []
+    checks = summarize(results) if plan.only - {"crowd", "federation", "hostile", "churn"} else []
     crowd_checks = crowd.checks(results.rows)
     hostile_checks = hostile.checks(results.rows)
+    churn_checks = churn.checks(results.rows)
     federation_checks = domains.checks(results.rows)
     if checks:
         print_tables(results, checks)
     crowd.print_report(results.rows, crowd_checks, console)
     hostile.print_report(results.rows, hostile_checks, console)
+    churn.print_report(results.rows, churn_checks, console)
     domains.print_report(results.rows, federation_checks, console)
     out = args.out or ROOT / "bench" / "results" / f"bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -796,7 +805,7 @@ async def main(args: argparse.Namespace) -> int:
                 "started": results.started,
                 "machine": results.machine,
                 "rows": results.rows,
-                "checks": checks + crowd_checks + hostile_checks + federation_checks,
+                "checks": checks + crowd_checks + hostile_checks + churn_checks + federation_checks,
             },
             indent=2,
         )

@@ -1,0 +1,243 @@
+"""Churn (bench/run.py's ``churn`` group, issue 17): runtimes messaging while each one comes and
+goes as real runtimes do — a `disconnect` and a fresh session, a dropped socket and a resume, a
+reload (a new stub instance for the same runtimeURL) — with the bundled stub and with plain v2
+stubs, on a fresh stack per arm (the database is bench/run.py's ``--database``).
+
+Reported per arm: reconnect latency p50/p99 (from the churn to the stub's `live`) per kind and
+overall, server errors (5xx answers), refused connects of these legitimate runtimes (a stub
+reporting `failed`), lost / duplicated / reordered / unaccounted messages (bench/fault_check.py:
+lost = acknowledged by the node, never delivered; unaccounted = neither delivered nor refused
+with a code its sender saw), and the registry read at the end (every user answered 200, its
+current hyperty live).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fault_check import Arrival, Attempt, check
+
+BENCH = Path(__file__).resolve().parent
+RECONNECT_P99_LIMIT_MS = 200.0
+
+
+@dataclass(frozen=True)
+class Arm:
+    runtimes: int
+    rate: float  # messages per second per runtime
+    seconds: float
+    min_churn_s: float
+    max_churn_s: float
+    plain: bool
+
+    @property
+    def label(self) -> str:
+        stub = "plain" if self.plain else "bundled"
+        return f"churn_{self.runtimes}x{self.rate:g}_{stub}"
+
+
+FULL = (Arm(1000, 1.0, 120, 5, 30, False), Arm(1000, 1.0, 120, 5, 30, True))
+QUICK = (Arm(20, 2.0, 15, 2, 6, False), Arm(20, 2.0, 15, 2, 6, True))
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1)], 1)
+
+
+async def drive(url: str, domain: str, arm: Arm, log: Path) -> dict[str, Any]:
+    spec = {
+        "url": url,
+        "domain": domain,
+        "runtimes": arm.runtimes,
+        "rate": arm.rate,
+        "seconds": arm.seconds,
+        "minChurnS": arm.min_churn_s,
+        "maxChurnS": arm.max_churn_s,
+        "plain": arm.plain,
+        "drainS": 30,
+        "tag": "p" if arm.plain else "b",
+    }
+    with log.open("w") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            "node",
+            str(BENCH / "churn.mjs"),
+            json.dumps(spec),
+            cwd=BENCH,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            limit=512 * 1024 * 1024,  # the result line carries every attempt and arrival
+        )
+        try:
+            assert proc.stdout is not None
+            result: dict[str, Any] | None = None
+            timeout = 300 + arm.seconds * 2 + arm.runtimes * 0.2
+            async with asyncio.timeout(timeout):
+                while line := await proc.stdout.readline():
+                    parsed = json.loads(line)
+                    if parsed.get("ev") == "result":
+                        result = parsed
+            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+    if result is None:
+        raise RuntimeError(f"the churn driver gave no result (exit {proc.returncode}), see {log}")
+    return result
+
+
+def figures(arm: Arm, raw: dict[str, Any]) -> dict[str, Any]:
+    half = arm.runtimes // 2
+    partner = {f"churn-{i}": f"churn-{(i + half) % arm.runtimes}" for i in range(arm.runtimes)}
+    attempts = [
+        Attempt(sender, seq, (partner[sender],), bool(acked), bool(refused))
+        for sender, seq, acked, refused in raw["attempts"]
+    ]
+    arrivals = [Arrival(receiver, sender, seq, 0.0) for receiver, sender, seq in raw["arrivals"]]
+    verdict = check(attempts, arrivals)
+    every = [v for values in raw["latencies"].values() for v in values]
+    registry = raw["registry"]
+    return {
+        "runtimes": arm.runtimes,
+        "rate": arm.rate,
+        "seconds": arm.seconds,
+        "churn_s": [arm.min_churn_s, arm.max_churn_s],
+        "stub": "plain" if arm.plain else "bundled",
+        "reconnects": len(every),
+        "reconnect_p50_ms": _pct(every, 50),
+        "reconnect_p99_ms": _pct(every, 99),
+        "reconnect_ms_by_kind": {
+            kind: {"n": len(v), "p50": _pct(v, 50), "p99": _pct(v, 99)}
+            for kind, v in raw["latencies"].items()
+        },
+        "server_errors": raw["server_error_count"],
+        "server_error_sample": raw["server_errors"][:5],
+        "refused_connects": raw["refused_connect_count"],
+        "refused_connect_sample": raw["refused_connects"][:5],
+        "unanswered_requests": raw["unanswered_requests"],
+        "counts": {
+            k: getattr(verdict, k)
+            for k in (
+                "attempted",
+                "acknowledged",
+                "delivered",
+                "lost",
+                "duplicated",
+                "reordered",
+                "unaccounted",
+                "unexpected",
+            )
+        },
+        "lost_sample": verdict.lost_sample,
+        "registry": {
+            "users": arm.runtimes,
+            "answered_200": registry["ok"],
+            "other_answers": registry["other"],
+            "current_hyperty_live": registry["hyperty_live"],
+            "not_live_sample": registry["hyperty_not_live"][:5],
+        },
+    }
+
+
+def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, for the bundled stub's arms."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if not str(row["test"]).startswith("churn_") or row.get("stub") != "bundled":
+            continue
+        if "error" in row:
+            out.append({"check": f"{row['test']}: ran", "node": None, "limit": None, "met": False})
+            continue
+        c = row["counts"]
+        reg = row["registry"]
+        for label, value, limit in (
+            ("server errors", row["server_errors"], 0),
+            ("refused connects of legitimate runtimes", row["refused_connects"], 0),
+            ("lost", c["lost"], 0),
+            ("duplicated", c["duplicated"], 0),
+            ("reconnect p99 (ms)", row["reconnect_p99_ms"], RECONNECT_P99_LIMIT_MS),
+            ("registry users not answered 200", reg["users"] - reg["answered_200"], 0),
+        ):
+            met = value is not None and value <= limit
+            out.append(
+                {"check": f"{row['test']}: {label}", "node": value, "limit": limit, "met": met}
+            )
+    return out
+
+
+async def run_group(
+    stack: Any,
+    launcher: tuple[Callable[[Path], list[str]], bool],
+    results: Any,
+    domain: str,
+    work: Path,
+    say: Callable[[str], None],
+    quick: bool = False,
+) -> None:
+    command, journal = launcher
+    for arm in QUICK if quick else FULL:
+        phase = arm.label.replace(".", "_")
+        say(
+            f"[bold]churn: {arm.runtimes} runtimes ({'plain v2' if arm.plain else 'bundled'} "
+            f"stubs), {arm.rate:g} msg/s each, each coming and going every "
+            f"{arm.min_churn_s:g}-{arm.max_churn_s:g} s, {arm.seconds:g} s"
+        )
+
+        async def scenarios(url: str, service: Any, arm: Arm = arm) -> None:
+            raw = await drive(url, domain, arm, work / f"{arm.label}-driver.log")
+            results.add(arm.label, target="node", **figures(arm, raw))
+
+        try:
+            await stack.run_node_like("node", command, journal, phase=phase, scenarios=scenarios)
+        except Exception as exc:  # noqa: BLE001 - one failed arm must not lose the other
+            say(f"  [red]{arm.label} failed: {exc!r} (logs in {work})")
+            results.add(
+                arm.label, target="node", stub="plain" if arm.plain else "bundled", error=repr(exc)
+            )
+
+
+def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], console: Any) -> None:
+    from rich.table import Table
+
+    arms = [r for r in rows if str(r["test"]).startswith("churn_")]
+    if not arms:
+        return
+    table = Table(title="churn (reconnect ms: from the churn to the stub's live)")
+    for col in (
+        "arm",
+        "reconnects p50 / p99",
+        "by kind p99",
+        "5xx / refused",
+        "lost / dup / reord / unacc",
+        "registry 200 / live",
+    ):
+        table.add_column(col)
+    for r in arms:
+        if "error" in r:
+            table.add_row(r["test"], f"[red]failed: {r['error']}")
+            continue
+        c, reg = r["counts"], r["registry"]
+        table.add_row(
+            r["test"],
+            f"{r['reconnects']}: {r['reconnect_p50_ms']} / {r['reconnect_p99_ms']}",
+            ", ".join(f"{k} {v['p99']}" for k, v in r["reconnect_ms_by_kind"].items()),
+            f"{r['server_errors']} / {r['refused_connects']}",
+            f"{c['lost']} / {c['duplicated']} / {c['reordered']} / {c['unaccounted']}"
+            f" of {c['attempted']}",
+            f"{reg['answered_200']} / {reg['current_hyperty_live']} of {reg['users']}",
+        )
+    console.print(table)
+    for v in verdicts:
+        mark = {True: "[green]yes", False: "[red]NO", None: "—"}[v["met"]]
+        console.print(f"  {v['check']}: {v['node']} (limit {v['limit']}) {mark}")
