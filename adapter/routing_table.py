@@ -247,6 +247,11 @@ class RoutingTable:
         self._entry(session_id).learned.add(address)
         return True
 
+    def unlearn(self, session_id: int, address: str) -> None:
+        if self._learned.get(address) == session_id:
+            del self._learned[address]
+            self._entry(session_id).learned.discard(address)
+
     def remove_session(self, session_id: int) -> None:
         entry = self._by_session.pop(session_id, None)
         if entry is None:

@@ -29,7 +29,8 @@ const out = (value) => process.stdout.write(JSON.stringify(value) + '\n');
 const rand = (lo, hi) => lo + Math.random() * (hi - lo);
 
 const attempts = []; // [sender, seq, acknowledged, refused]
-const arrivals = []; // [receiver, sender, seq]
+const arrivals = []; // [receiver, sender, seq, generation of the receiving stub instance]
+const reloaded = []; // [runtime, generation]: instances that vanished with a reload
 const latencies = { disconnect: [], drop: [], reload: [] };
 const serverErrors = []; // responses with a 5xx code
 const refusedConnects = []; // a stub reporting `failed`
@@ -112,7 +113,7 @@ class Runtime {
     }
     const body = msg.body;
     if (body && typeof body.sender === 'string' && Number.isInteger(body.seq)) {
-      arrivals.push([this.name, body.sender, body.seq]);
+      arrivals.push([this.name, body.sender, body.seq, this.generation]);
     }
   }
 
@@ -176,6 +177,7 @@ class Runtime {
       const old = this.instance.stub;
       this.retire();
       abandon(old);
+      reloaded.push([this.name, this.generation]);
       this.waitingLive = { kind, since };
       this.start();
       this.instance.stub.connect();
@@ -265,6 +267,7 @@ out({
   ev: 'result',
   attempts,
   arrivals,
+  reloaded,
   latencies,
   server_errors: serverErrors.slice(0, 20),
   server_error_count: serverErrors.length,

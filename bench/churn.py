@@ -97,6 +97,25 @@ async def drive(url: str, domain: str, arm: Arm, log: Path) -> dict[str, Any]:
     return result
 
 
+def page_copies_dropped(
+    arrivals: list[list[Any]], reloaded: list[list[Any]]
+) -> list[tuple[str, str, int]]:
+    """Arrivals as the runtimes have them: a message handed to a page that then reloaded,
+    before its stub acknowledged it, is delivered again to the new page (the session's promise);
+    the vanished page's copy is not a duplicate, it vanished with the page."""
+    gone = {(runtime, generation) for runtime, generation in reloaded}
+    later: set[tuple[str, str, int]] = set()
+    kept: list[tuple[str, str, int]] = []
+    for receiver, sender, seq, generation in reversed(arrivals):
+        key = (receiver, sender, seq)
+        if (receiver, generation) in gone and key in later:
+            continue
+        later.add(key)
+        kept.append(key)
+    kept.reverse()
+    return kept
+
+
 def figures(arm: Arm, raw: dict[str, Any]) -> dict[str, Any]:
     half = arm.runtimes // 2
     partner = {f"churn-{i}": f"churn-{(i + half) % arm.runtimes}" for i in range(arm.runtimes)}
@@ -104,7 +123,10 @@ def figures(arm: Arm, raw: dict[str, Any]) -> dict[str, Any]:
         Attempt(sender, seq, (partner[sender],), bool(acked), bool(refused))
         for sender, seq, acked, refused in raw["attempts"]
     ]
-    arrivals = [Arrival(receiver, sender, seq, 0.0) for receiver, sender, seq in raw["arrivals"]]
+    arrivals = [
+        Arrival(receiver, sender, seq, 0.0)
+        for receiver, sender, seq in page_copies_dropped(raw["arrivals"], raw["reloaded"])
+    ]
     verdict = check(attempts, arrivals)
     every = [v for values in raw["latencies"].values() for v in values]
     registry = raw["registry"]

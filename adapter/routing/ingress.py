@@ -238,7 +238,12 @@ class Ingress:
                     pending,
                 )
             if self._table.learn(session.id, message.from_):
-                await self._routes.learn(session.id, message.from_)
+                try:
+                    await self._routes.learn(session.id, message.from_)
+                except BaseException:
+                    # Not stored: not learned either (the message is sent again, or refused).
+                    self._table.unlearn(session.id, message.from_)
+                    raise
         destinations = self._table.destinations(message.to, session.id)
         remote = self._remote_domains(message.to, destinations.domains, session.id)
         if not destinations.known and not remote:
