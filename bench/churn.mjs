@@ -263,7 +263,8 @@ await Promise.all(runtimes.map(async (r) => {
 }));
 registry.hyperty_not_live = registry.hyperty_not_live.slice(0, 10);
 
-out({
+// A pipe takes a long line in several writes: exit only once all of it is out.
+process.stdout.write(JSON.stringify({
   ev: 'result',
   attempts,
   arrivals,
@@ -275,5 +276,4 @@ out({
   refused_connect_count: refusedConnects.length,
   unanswered_requests: unanswered.requests,
   registry,
-});
-process.exit(0);
+}) + '\n', () => process.exit(0));
