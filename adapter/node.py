@@ -175,6 +175,8 @@ class Node:
             cfg.stub.max_detached_sessions,
             self.metrics.sessions_evicted.inc,
         )
+        self.metrics.sessions.set_function(lambda: len(self.sessions))
+        self.metrics.tasks.set_function(lambda: len(asyncio.all_tasks()))
 
         # The message walk: journal, delivery, lanes (the outbound seam), ingress.
         self._traffic = Traffic()

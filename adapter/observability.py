@@ -68,6 +68,17 @@ class NodeMetrics:
         self.stub_connections = Gauge(
             "rethink_mn_stub_connections", "Open stub WebSocket connections.", registry=registry
         )
+        self.sessions = Gauge(
+            "rethink_mn_sessions",
+            "Runtime sessions the node holds (attached or detached).",
+            registry=registry,
+        )
+        self.tasks = Gauge(
+            "rethink_mn_event_loop_tasks",
+            "Tasks alive on the node's event loop (read at scrape time): a count that only "
+            "grows is a leak.",
+            registry=registry,
+        )
         self.messages_in = Counter(
             "rethink_mn_messages_received_total",
             "reTHINK messages received from stubs, by outcome.",

@@ -23,7 +23,7 @@ const { activate } = await import(pathToFileURL(new URL('../stub_js/src/index.js
 const D = spec.domain;
 const MN = `domain://msg-node.${D}`;
 const REGISTRY = `domain://registry.${D}`;
-const KINDS = ['disconnect', 'drop', 'reload'];
+const KINDS = spec.kinds ?? ['disconnect', 'drop', 'reload'];
 const now = () => performance.timeOrigin + performance.now();
 const out = (value) => process.stdout.write(JSON.stringify(value) + '\n');
 const rand = (lo, hi) => lo + Math.random() * (hi - lo);
@@ -31,7 +31,7 @@ const rand = (lo, hi) => lo + Math.random() * (hi - lo);
 const attempts = []; // [sender, seq, acknowledged, refused]
 const arrivals = []; // [receiver, sender, seq, generation of the receiving stub instance]
 const reloaded = []; // [runtime, generation]: instances that vanished with a reload
-const latencies = { disconnect: [], drop: [], reload: [] };
+const latencies = Object.fromEntries(KINDS.map((kind) => [kind, []]));
 const serverErrors = []; // responses with a 5xx code
 const refusedConnects = []; // a stub reporting `failed`
 const unanswered = { requests: 0 };
@@ -214,14 +214,18 @@ const timers = [];
 for (const r of runtimes) {
   const interval = 1000 / spec.rate;
   const first = Math.random() * interval;
-  timers.push(setTimeout(function tick() {
-    if (now() >= endAt) return;
-    r.send(partnerOf(r));
-    timers.push(setTimeout(tick, interval));
-  }, first));
+  if (spec.rate > 0) {
+    timers.push(setTimeout(function tick() {
+      if (now() >= endAt) return;
+      r.send(partnerOf(r));
+      timers.push(setTimeout(tick, interval));
+    }, first));
+  }
   let turn = r.index % KINDS.length;
+  let churns = 0;
   const schedule = () => {
-    const delay = rand(spec.minChurnS, spec.maxChurnS) * 1000;
+    // The first churn of each runtime is spread over its interval, so they do not come in step.
+    const delay = (churns++ ? rand(spec.minChurnS, spec.maxChurnS) : rand(0, spec.maxChurnS)) * 1000;
     timers.push(setTimeout(async () => {
       if (now() + 2000 >= endAt) return; // not in the last seconds: every runtime ends live
       await r.churn(KINDS[turn]);

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from fault_check import Arrival, Attempt, check
 
 BENCH = Path(__file__).resolve().parent
@@ -36,15 +37,25 @@ class Arm:
     min_churn_s: float
     max_churn_s: float
     plain: bool
+    kinds: tuple[str, ...] = ("disconnect", "drop", "reload")
 
     @property
     def label(self) -> str:
+        if self.kinds == ("reload",):
+            return f"soak_{self.runtimes}_reload_every_{self.max_churn_s:g}s"
         stub = "plain" if self.plain else "bundled"
         return f"churn_{self.runtimes}x{self.rate:g}_{stub}"
 
 
 FULL = (Arm(1000, 1.0, 120, 5, 30, False), Arm(1000, 1.0, 120, 5, 30, True))
 QUICK = (Arm(20, 2.0, 15, 2, 6, False), Arm(20, 2.0, 15, 2, 6, True))
+# Issue 23's soak: every runtime a new stub instance every 10 s, for 30 minutes; the node's
+# memory and tasks sampled every 30 s.
+SOAK = Arm(1000, 0.0, 1800, 10, 10, False, ("reload",))
+SOAK_QUICK = Arm(20, 0.0, 20, 2, 2, False, ("reload",))
+SAMPLE_EVERY_S = 30.0
+SOAK_WARMUP_S = 300.0  # RSS growth is measured from here on
+SOAK_RSS_GROWTH_LIMIT_MB = 50.0
 
 
 def _pct(values: list[float], p: float) -> float | None:
@@ -64,6 +75,7 @@ async def drive(url: str, domain: str, arm: Arm, log: Path) -> dict[str, Any]:
         "minChurnS": arm.min_churn_s,
         "maxChurnS": arm.max_churn_s,
         "plain": arm.plain,
+        "kinds": list(arm.kinds),
         "drainS": 30,
         "tag": "p" if arm.plain else "b",
     }
@@ -172,9 +184,57 @@ def figures(arm: Arm, raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def sample(service: Any, every: float, into: list[dict[str, Any]]) -> None:
+    """The node's RSS, its event loop's tasks and its sessions, every ``every`` seconds."""
+    metrics = service.health_url.replace("/health", "/metrics")
+    started = asyncio.get_running_loop().time()
+    async with aiohttp.ClientSession() as http:
+        while True:
+            point: dict[str, Any] = {
+                "t_s": round(asyncio.get_running_loop().time() - started, 1),
+                "rss_mb": round(service.rss_mb(), 1),
+            }
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(metrics) as resp:
+                    for line in (await resp.text()).splitlines():
+                        for name, key in (
+                            ("rethink_mn_event_loop_tasks ", "tasks"),
+                            ("rethink_mn_sessions ", "sessions"),
+                            ("rethink_mn_stub_connections ", "connections"),
+                        ):
+                            if line.startswith(name):
+                                point[key] = float(line.split()[1])
+            into.append(point)
+            await asyncio.sleep(every)
+
+
+def soak_figures(series: list[dict[str, Any]]) -> dict[str, Any]:
+    after = [p for p in series if p["t_s"] >= SOAK_WARMUP_S] or series
+    rss = [p["rss_mb"] for p in after]
+    tasks = [p.get("tasks") for p in after if p.get("tasks") is not None]
+    return {
+        "series": series,
+        "rss_mb_after_warmup": [rss[0], rss[-1]] if rss else None,
+        "rss_growth_mb": round(rss[-1] - rss[0], 1) if rss else None,
+        "rss_max_mb": max(rss, default=None),
+        "tasks_min_max_after_warmup": [min(tasks), max(tasks)] if tasks else None,
+    }
+
+
 def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's targets, for the bundled stub's arms."""
     out: list[dict[str, Any]] = []
+    for row in rows:
+        if str(row["test"]).startswith("soak_") and "rss_growth_mb" in row:
+            growth = row["rss_growth_mb"]
+            out.append(
+                {
+                    "check": f"{row['test']}: RSS growth after warm-up (MB)",
+                    "node": growth,
+                    "limit": SOAK_RSS_GROWTH_LIMIT_MB,
+                    "met": growth is not None and growth <= SOAK_RSS_GROWTH_LIMIT_MB,
+                }
+            )
     for row in rows:
         if not str(row["test"]).startswith("churn_") or row.get("stub") != "bundled":
             continue
@@ -206,9 +266,11 @@ async def run_group(
     work: Path,
     say: Callable[[str], None],
     quick: bool = False,
+    soak: bool = False,
 ) -> None:
     command, journal = launcher
-    for arm in QUICK if quick else FULL:
+    arms = (SOAK_QUICK if quick else SOAK,) if soak else QUICK if quick else FULL
+    for arm in arms:
         phase = arm.label.replace(".", "_")
         say(
             f"[bold]churn: {arm.runtimes} runtimes ({'plain v2' if arm.plain else 'bundled'} "
@@ -217,8 +279,22 @@ async def run_group(
         )
 
         async def scenarios(url: str, service: Any, arm: Arm = arm) -> None:
-            raw = await drive(url, domain, arm, work / f"{arm.label}-driver.log")
-            results.add(arm.label, target="node", **figures(arm, raw))
+            series: list[dict[str, Any]] = []
+            sampler = asyncio.create_task(
+                sample(service, SAMPLE_EVERY_S if not quick else 2.0, series)
+            )
+            try:
+                raw = await drive(url, domain, arm, work / f"{arm.label}-driver.log")
+            finally:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+            extra = (
+                soak_figures(series)
+                if soak
+                else {"rss_mb_end": series[-1]["rss_mb"] if series else None}
+            )
+            results.add(arm.label, target="node", **figures(arm, raw), **extra)
 
         try:
             await stack.run_node_like("node", command, journal, phase=phase, scenarios=scenarios)
@@ -232,8 +308,19 @@ async def run_group(
 def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], console: Any) -> None:
     from rich.table import Table
 
+    for r in rows:
+        if str(r["test"]).startswith("soak_") and "series" in r:
+            console.print(
+                f"{r['test']}: {r['reconnects']} reloads (p50 / p99 {r['reconnect_p50_ms']} / "
+                f"{r['reconnect_p99_ms']} ms); RSS after warm-up {r['rss_mb_after_warmup']} MB "
+                f"(growth {r['rss_growth_mb']} MB, max {r['rss_max_mb']}), event-loop tasks "
+                f"{r['tasks_min_max_after_warmup']}; 5xx {r['server_errors']}, refused "
+                f"{r['refused_connects']}"
+            )
     arms = [r for r in rows if str(r["test"]).startswith("churn_")]
     if not arms:
+        for v in verdicts:
+            console.print(f"  {v['check']}: {v['node']} (limit {v['limit']}) {v['met']}")
         return
     table = Table(title="churn (reconnect ms: from the churn to the stub's live)")
     for col in (

@@ -99,10 +99,11 @@ GROUPS = frozenset(
         "federation",
         "hostile",
         "churn",
+        "soak",
     }
 )
 # Groups with their own stacks and reports (not the node / relay / bare phases).
-OWN_STACK = frozenset({"bare", "crowd", "federation", "hostile", "churn"})
+OWN_STACK = frozenset({"bare", "crowd", "federation", "hostile", "churn", "soak"})
 
 
 @dataclass
@@ -544,7 +545,7 @@ def print_tables(results: Results, checks: list[dict[str, Any]]) -> None:
         if not crowd.is_crowd_row(r)
         and not domains.is_federation_row(r)
         and not hostile.is_hostile_row(r)
-        and not str(r["test"]).startswith("churn_")
+        and not str(r["test"]).startswith(("churn_", "soak_"))
     )
     for test in tests:
         cells = []
@@ -768,6 +769,10 @@ async def main(args: argparse.Namespace) -> int:
         await churn.run_group(
             stack, launchers["node"], results, DOMAIN, work, console.print, args.quick
         )
+    if plan.runs("soak"):
+        await churn.run_group(
+            stack, launchers["node"], results, DOMAIN, work, console.print, args.quick, soak=True
+        )
     if plan.runs("hostile"):
         await hostile.run_group(
             stack, launchers["node"], results, DOMAIN, work, console.print, args.quick
@@ -786,7 +791,7 @@ async def main(args: argparse.Namespace) -> int:
         )
     results.machine["loadavg_at_end"] = os.getloadavg()
 
-    checks = summarize(results) if plan.only - {"crowd", "federation", "hostile", "churn"} else []
+    checks = summarize(results) if plan.only - (OWN_STACK - {"bare"}) else []
     crowd_checks = crowd.checks(results.rows)
     hostile_checks = hostile.checks(results.rows)
     churn_checks = churn.checks(results.rows)
