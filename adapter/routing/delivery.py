@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..carrier import Routed
-from ..envelope import control_error
+from ..envelope import InvalidMessage, answer, control_error, parse
 from ..observability import NodeMetrics
 from ..routing_table import RoutingTable
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
+from ..sessions.session import Session
 from .journal import Journal
 from .settlement import Ticket
 
@@ -89,13 +90,30 @@ class Delivery:
         if arrived is not None:
             self._metrics.route_seconds.observe(time.monotonic() - arrived)
 
+    async def _gone(self, sender: Session, routed: Routed) -> None:
+        """Its destination left between the sender's message being taken and its delivery (the
+        runtime disconnected): the sender is told, as it would have been a moment earlier."""
+        try:
+            message = parse(routed.text)
+        except InvalidMessage:
+            return
+        if message.type == "response":
+            return  # answering a response would start a loop of error answers
+        text = answer(message, 404, desc=f"no route to {' '.join(routed.to)} any more")
+        await sender.mailbox.deliver(Parcel(text))
+        self._journal.rejected(sender.runtime_url, routed.text, text)
+
     async def _deliver_one(self, routed: Routed, ticket: Ticket | None) -> int:
         sender = self._sessions.by_origin(routed.sender.origin)
-        targets = self._table.destinations(
+        destinations = self._table.destinations(
             routed.to, sender.id if sender is not None else None
-        ).sessions
+        )
+        targets = destinations.sessions
         if not targets:
             self._metrics.messages_out.labels("no_destination").inc()
+            # Known with nobody to reach (a stream without subscribers) is no error.
+            if sender is not None and not destinations.known:
+                await self._gone(sender, routed)
             return 0
         parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)
         live = queued = 0

@@ -147,6 +147,23 @@ async def test_a_delivery_that_fails_midway_is_delivered_again_from_where_it_fai
     assert [m["id"] for m in link.messages()] == [1, 2, 3]  # type: ignore[index]
 
 
+async def test_a_destination_gone_before_delivery_is_answered_to_its_sender() -> None:
+    """The receiver disconnected between the sender's message being taken (acknowledged) and
+    its delivery: the sender hears 404, as it would have a moment earlier, instead of nothing.
+    A stream without subscribers is no error."""
+    table = RoutingTable()
+    sessions = Sessions()
+    sender = sessions.add(1, table)
+    table.add_allocations(1, ["comm://d/o"], None)
+    link = await attached(sender)
+    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    await delivery.deliver([routed(sender, 1, "runtime://d/gone")], None)
+    [answer] = link.messages()
+    assert answer["id"] == 1 and answer["body"]["code"] == 404  # type: ignore[index]
+    await delivery.deliver([routed(sender, 2, "comm://d/o/changes")], None)
+    assert len(link.messages()) == 1
+
+
 # -- settlement ---------------------------------------------------------------------------------
 
 
