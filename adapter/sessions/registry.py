@@ -131,6 +131,9 @@ class SessionRegistry:
         self._detached: OrderedDict[int, Session] = OrderedDict()
         self._max_detached = max_detached
         self._on_evicted = on_evicted
+        # States to write (latest per session), by one background writer.
+        self._states: dict[int, SessionState] = {}
+        self._state_writer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     # -- lookups ------------------------------------------------------------------------------
@@ -247,10 +250,12 @@ class SessionRegistry:
                     # The same identity (or, with the token, one for a record that kept no
                     # key): its latest credential sets how long the node vouches for it.
                     session.identity = identity
-                await self._rows.set_state(
-                    session.id, SessionState.CONNECTED, protect and not session.protected
-                )
-                session.protected = session.protected or protect
+                if protect and not session.protected:
+                    # Stored before the token is handed out: a restart must not unprotect it.
+                    await self._rows.set_state(session.id, SessionState.CONNECTED, True)
+                    session.protected = True
+                else:
+                    self._note_state(session.id, SessionState.CONNECTED)
             previous = session.attachment
             upstream: Upstream | None = None
             if hello is not None:
@@ -366,7 +371,29 @@ class SessionRegistry:
         session.mailbox.detach(attachment.link)
         self._connections.dec()
         Lifecycle._tell(self._lifecycle.detached, session)
-        await self._rows.set_state(session.id, SessionState.DETACHED)
+        self._note_state(session.id, SessionState.DETACHED)
+
+    def _note_state(self, session_id: int, state: SessionState) -> None:
+        """The session's state and last sighting, written behind the connection's back: a
+        reconnect waits for no database round trip (the states only tell the next start how
+        long a session has been away; the start marks every session detached anyway)."""
+        self._states[session_id] = state
+        if self._state_writer is None:
+            self._state_writer = asyncio.create_task(self._write_states(), name="session-states")
+
+    async def _write_states(self) -> None:
+        try:
+            while self._states:
+                states, self._states = self._states, {}
+                for session_id, state in states.items():
+                    try:
+                        await self._rows.set_state(session_id, state)
+                    except Exception as exc:  # noqa: BLE001 - kept for the next round
+                        log.warning("session state not written; retrying", error=repr(exc))
+                        self._states.setdefault(session_id, state)
+                        await asyncio.sleep(1.0)
+        finally:
+            self._state_writer = None
 
     async def disconnect(self, attachment: Attachment) -> bool:
         """The runtime's ``disconnect`` on this connection: its session is released, unless a
