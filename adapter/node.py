@@ -174,6 +174,7 @@ class Node:
             self._acks.mark,
             cfg.stub.max_detached_sessions,
             self.metrics.sessions_evicted.inc,
+            lambda parcels: self._spawn(self.delivery.unreceived(parcels)),
         )
         self.metrics.sessions.set_function(lambda: len(self.sessions))
         self.metrics.tasks.set_function(lambda: len(asyncio.all_tasks()))

@@ -90,18 +90,25 @@ class Delivery:
         if arrived is not None:
             self._metrics.route_seconds.observe(time.monotonic() - arrived)
 
-    async def _gone(self, sender: Session, routed: Routed) -> None:
+    async def _gone(self, sender: Session, text: str, reason: str) -> None:
         """Its destination left between the sender's message being taken and its delivery (the
         runtime disconnected): the sender is told, as it would have been a moment earlier."""
         try:
-            message = parse(routed.text)
+            message = parse(text)
         except InvalidMessage:
             return
         if message.type == "response":
             return  # answering a response would start a loop of error answers
-        text = answer(message, 404, desc=f"no route to {' '.join(routed.to)} any more")
-        await sender.mailbox.deliver(Parcel(text))
-        self._journal.rejected(sender.runtime_url, routed.text, text)
+        refusal = answer(message, 404, desc=reason)
+        await sender.mailbox.deliver(Parcel(refusal))
+        self._journal.rejected(sender.runtime_url, text, refusal)
+
+    async def unreceived(self, parcels: Sequence[Parcel]) -> None:
+        """A released session had not received these: their senders are told (404)."""
+        for parcel in parcels:
+            sender = self._sessions.by_origin(parcel.origin or "")
+            if sender is not None and not sender.released:
+                await self._gone(sender, parcel.text, "its destination left before receiving it")
 
     async def _deliver_one(self, routed: Routed, ticket: Ticket | None) -> int:
         sender = self._sessions.by_origin(routed.sender.origin)
@@ -113,7 +120,7 @@ class Delivery:
             self._metrics.messages_out.labels("no_destination").inc()
             # Known with nobody to reach (a stream without subscribers) is no error.
             if sender is not None and not destinations.known:
-                await self._gone(sender, routed)
+                await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
             return 0
         parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)
         live = queued = 0

@@ -407,9 +407,11 @@ class Mailbox:
         if self._kept:
             self._on_dirty(self)
 
-    def discard(self) -> None:
-        """The session is released: nothing more will be delivered or kept."""
+    def discard(self) -> list[Parcel]:
+        """The session is released: nothing more will be delivered or kept. Returns the routed
+        messages it had not received (their senders may be told)."""
         self.discarded = True
+        unreceived = [e.parcel for e in (*self._inflight, *self._kept) if e.parcel.origin]
         for entry in (*self._inflight, *self._kept):
             entry.settle()
         self._inflight.clear()
@@ -417,3 +419,4 @@ class Mailbox:
         self._link = None
         self._memory_bytes = self._stored_bytes = self._earlier_bytes = 0
         self._stored_sizes.clear()
+        return unreceived

@@ -23,7 +23,7 @@ from ..identity.model import Identity
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from .link import CLOSE_REPLACED, Link
-from .mailbox import DeliveryStore, Mailbox
+from .mailbox import DeliveryStore, Mailbox, Parcel
 from .serial import Serial
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
@@ -110,6 +110,7 @@ class SessionRegistry:
         on_upstream_progress: Callable[[Session], None],
         max_detached: int = 100_000,
         on_evicted: Callable[[], None] = lambda: None,
+        on_unreceived: Callable[[list[Parcel]], None] = lambda _parcels: None,
     ) -> None:
         self._rows = rows
         self._deliveries = deliveries
@@ -131,6 +132,8 @@ class SessionRegistry:
         self._detached: OrderedDict[int, Session] = OrderedDict()
         self._max_detached = max_detached
         self._on_evicted = on_evicted
+        # Told of the routed messages a released session had not received.
+        self._on_unreceived = on_unreceived
         # States to write (latest per session), by one background writer.
         self._states: dict[int, SessionState] = {}
         self._state_writer: asyncio.Task[None] | None = None
@@ -419,12 +422,14 @@ class SessionRegistry:
         if session.attachment is not None:
             session.attachment = None
             self._connections.dec()
-        session.mailbox.discard()
+        unreceived = session.mailbox.discard()
         self._by_id.pop(session.id, None)
         self._by_runtime.pop(session.runtime_url, None)
         self._by_key.pop(session.key, None)
         Lifecycle._tell(self._lifecycle.released, session)
         self._lifecycle.retire(session.origins())
+        if unreceived:
+            self._on_unreceived(unreceived)
         await self._rows.delete(session.id)
 
     def _evict_beyond_bound(self) -> None:

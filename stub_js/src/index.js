@@ -169,6 +169,9 @@ export class MatrixProtoStub {
   async _disconnect() {
     const wasUp = this._active;
     const conn = this._conn;
+    // What it received is acknowledged before it leaves: the node answers the senders of what
+    // it had sent and this stub never took (404), and must not for what it did take.
+    if (conn?.live && conn.ws.readyState === OPEN) this._sendAck(conn);
     this._halt();
     this._replaced = false;
     this._token = null; // the session is released, its token names nothing any more

@@ -159,3 +159,28 @@ async def test_a_failure_inside_the_node_is_no_release_and_loses_nothing(
     finally:
         await sender.close()
         await receiver.close()
+
+
+async def test_what_a_leaving_runtime_did_not_acknowledge_is_answered_to_its_senders(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    """The receiver took two messages, acknowledged one, and left with `disconnect`: the sender
+    hears 404 for the other, not silence (the node had acknowledged it to the sender)."""
+    node = await start_node(database_url)
+    sender = await PyRuntime(stub_url(node), f"runtime://{D}/left-sender", acked=True).connect()
+    receiver = await PyRuntime(stub_url(node), f"runtime://{D}/left-receiver", acked=True).connect()
+    try:
+        [r] = await receiver.allocate(D)
+        [s] = await sender.allocate(D)
+        await sender.send({"id": "taken", "type": "ping", "from": s, "to": r})
+        assert (await receiver.receive(10))["id"] == "taken"
+        receiver.hold_acks = True
+        await sender.send({"id": "not-taken", "type": "ping", "from": s, "to": r})
+        assert (await receiver.receive(10))["id"] == "not-taken"  # read, never acknowledged
+        await receiver.disconnect()
+        answer = await sender.receive(10)
+        assert answer["id"] == "not-taken" and answer["body"]["code"] == 404, answer
+        assert await sender.nothing_within(1.0)  # nothing for what was acknowledged
+    finally:
+        await sender.close()
+        await receiver.close()

@@ -227,8 +227,21 @@ async def test_a_released_session_settles_everything_it_held() -> None:
     await box.deliver(message(0), ticket)
     box.detach(link)
     await box.deliver(message(1), ticket)
-    box.discard()
+    assert [p.oseq for p in box.discard()] == [0, 1]  # what it had not acknowledged
     assert ticket.pending == 0
+
+
+async def test_a_released_session_returns_only_routed_messages_it_did_not_acknowledge() -> None:
+    """Their senders are told; a node's own frame (no origin) and what the stub acknowledged
+    (it received them before it left) are not among them."""
+    box, _ = mailbox()
+    link = FakeLink()
+    await live(box, link, True, MemoryStore())
+    for n in (1, 2, 3):
+        await box.deliver(message(n))
+    await box.deliver(Parcel('{"id":9,"type":"response"}'))
+    box.on_ack(link.numbers()[0])
+    assert [p.oseq for p in box.discard()] == [2, 3]
 
 
 async def test_a_released_mailbox_keeps_and_stores_nothing_more() -> None:

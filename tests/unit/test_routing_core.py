@@ -164,6 +164,24 @@ async def test_a_destination_gone_before_delivery_is_answered_to_its_sender() ->
     assert len(link.messages()) == 1
 
 
+async def test_what_a_released_session_had_not_received_is_answered_to_its_senders() -> None:
+    """The receiver left (disconnect) with routed messages sent to it and not acknowledged:
+    each sender still attached hears 404; a sender that left too hears nothing."""
+    table = RoutingTable()
+    sessions = Sessions()
+    sender, gone = sessions.add(1, table), sessions.add(2, table)
+    link = await attached(sender)
+    gone.released = True
+    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    parcels = [
+        Parcel(routed(sender, 7, "hyperty://d/r").text, f"{sender.key}.s", 7),
+        Parcel(routed(gone, 8, "hyperty://d/r").text, f"{gone.key}.s", 8),
+    ]
+    await delivery.unreceived(parcels)
+    [answer] = link.messages()
+    assert answer["id"] == 7 and answer["body"]["code"] == 404  # type: ignore[index]
+
+
 # -- settlement ---------------------------------------------------------------------------------
 
 
