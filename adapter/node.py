@@ -37,7 +37,7 @@ from .identity.matrix import MatrixTokenVerifier
 from .identity.model import Identity
 from .identity.oidc import OidcVerifier
 from .namespace import NamespaceQueries
-from .observability import HealthEndpoints, NodeMetrics
+from .observability import HealthEndpoints, NodeMetrics, watch_event_loop
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
@@ -450,6 +450,7 @@ class Node:
             asyncio.create_task(self._maintenance(), name="maintenance"),
             asyncio.create_task(self._expire_sessions(), name="session-expiry"),
             asyncio.create_task(self.settlement.run(), name="checkpoints"),
+            asyncio.create_task(watch_event_loop(self.metrics.loop_lag), name="loop-lag"),
         ]
         positions = await self._checkpoints.positions()
         if self.lanes is not None:

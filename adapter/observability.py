@@ -60,6 +60,15 @@ def configure_logging(config: LoggingConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+async def watch_event_loop(lag: Histogram, every: float = 0.1) -> None:
+    """Observe, forever, how much later than asked the loop wakes a sleeper."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time() + every
+        await asyncio.sleep(every)
+        lag.observe(max(0.0, loop.time() - asked))
+
+
 class NodeMetrics:
     """The reTHINK side's metrics; the Matrix side registers its own on the same registry."""
 
@@ -78,6 +87,13 @@ class NodeMetrics:
             "Tasks alive on the node's event loop (read at scrape time): a count that only "
             "grows is a leak.",
             registry=registry,
+        )
+        self.loop_lag = Histogram(
+            "rethink_mn_event_loop_lag_seconds",
+            "How late the event loop woke a timer (sampled 10 times a second): whatever holds "
+            "the loop delays every delivery and reconnect by as much.",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
         self.messages_in = Counter(
             "rethink_mn_messages_received_total",
@@ -100,7 +116,8 @@ class NodeMetrics:
         self.matrix_events_in = Counter(
             "rethink_mn_matrix_events_received_total",
             "Room events handled, by outcome: delivered (a lane event once the homeserver "
-            "persisted it, a peer's event from the push), undecodable, ignored, failed.",
+            "persisted it, a peer's event from the push), undecodable, ignored, retried (a "
+            "consumer failed: the transaction comes again), failed (given up after retries).",
             ["outcome"],
             registry=registry,
         )

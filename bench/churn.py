@@ -184,6 +184,9 @@ def figures(arm: Arm, raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+LAG = "rethink_mn_event_loop_lag_seconds"
+
+
 async def sample(service: Any, every: float, into: list[dict[str, Any]]) -> None:
     """The node's RSS, its event loop's tasks and its sessions, every ``every`` seconds."""
     metrics = service.health_url.replace("/health", "/metrics")
@@ -201,11 +204,28 @@ async def sample(service: Any, every: float, into: list[dict[str, Any]]) -> None
                             ("rethink_mn_event_loop_tasks ", "tasks"),
                             ("rethink_mn_sessions ", "sessions"),
                             ("rethink_mn_stub_connections ", "connections"),
+                            (f'{LAG}_bucket{{le="0.1"}} ', "lag_le_100ms"),
+                            (f'{LAG}_bucket{{le="0.25"}} ', "lag_le_250ms"),
+                            (f"{LAG}_count ", "lag_samples"),
                         ):
                             if line.startswith(name):
                                 point[key] = float(line.split()[1])
             into.append(point)
             await asyncio.sleep(every)
+
+
+def loop_lag(series: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How often the node's event loop woke its 100 ms timer late, over the whole arm: the
+    node's share of a slow reconnect."""
+    last = next((p for p in reversed(series) if "lag_samples" in p), None)
+    if last is None:
+        return None
+    n = int(last["lag_samples"])
+    return {
+        "samples": n,
+        "over_100ms": n - int(last["lag_le_100ms"]),
+        "over_250ms": n - int(last["lag_le_250ms"]),
+    }
 
 
 def soak_figures(series: list[dict[str, Any]]) -> dict[str, Any]:
@@ -294,6 +314,7 @@ async def run_group(
                 if soak
                 else {"rss_mb_end": series[-1]["rss_mb"] if series else None}
             )
+            extra["node_loop_lag"] = loop_lag(series)
             results.add(arm.label, target="node", **figures(arm, raw), **extra)
 
         try:
