@@ -95,6 +95,15 @@ class NodeMetrics:
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
+        self.connect_seconds = Histogram(
+            "rethink_mn_stub_connect_seconds",
+            "From a runtime's connect reaching the node (the WebSocket upgrade request, or the "
+            "connect frame of the v1 handshake) to the node's answer, by session (new or "
+            "resumed).",
+            ["session"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
         self.messages_in = Counter(
             "rethink_mn_messages_received_total",
             "reTHINK messages received from stubs, by outcome.",

@@ -363,6 +363,11 @@ class Ingress:
         deferred = await self._answer(attachment, text, pending)
         self._journal.service(session.runtime_url, message.raw, text, reply.affected)
         self._metrics.messages_in.labels("service").inc()
+        if reply.then is not None:
+            try:
+                await reply.then()
+            except Exception:  # what others hear of must not cost the requester its answer
+                log.exception("MN service follow-up failed", to=message.to_first)
         return deferred
 
     async def _refuse(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +23,9 @@ class ServiceReply:
     # For the journal, not the runtime: how many addresses the request allocated, removed,
     # subscribed or unsubscribed (a delete by allocation key names one key for a whole block).
     affected: int | None = None
+    # What the request caused that others hear of (a registration's status publication): run
+    # once the answer is on its way, so that the requester hears the answer first.
+    then: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,11 +53,19 @@ Filters = Mapping[str, tuple[str, ...]]
 class RegistryBackend(Protocol):
     """A domain registry answering dev-registry-domain's REST resources. ``runtime`` is the
     runtime a request comes from, when known (the MN's requester), and ``identity`` what it
-    proved when it connected; neither: the operator."""
+    proved when it connected; neither: the operator. With ``changes``, the status changes a
+    write makes are left there, for ``publish`` once the caller has answered."""
 
     async def call(
-        self, call: RestCall, *, runtime: str | None = None, identity: Identity | None = None
+        self,
+        call: RestCall,
+        *,
+        runtime: str | None = None,
+        identity: Identity | None = None,
+        changes: list[StatusChange] | None = None,
     ) -> RestAnswer: ...
+
+    async def publish(self, changes: Sequence[StatusChange]) -> None: ...
 
 
 class StatusNotifier:
@@ -75,6 +83,16 @@ class StatusNotifier:
                 await self._callback(change.url, change.status)
             except Exception:  # a notification must not undo a committed registration
                 log.exception("registry_status_notification_failed", url=change.url)
+
+
+Publish = Callable[[Sequence[StatusChange]], Awaitable[None]]
+
+
+def _collect(into: list[StatusChange]) -> Publish:
+    async def collect(changes: Sequence[StatusChange]) -> None:
+        into.extend(changes)
+
+    return collect
 
 
 class _Answer(Exception):
@@ -103,12 +121,20 @@ class BuiltinRegistryBackend:
         self._lifetimes = lifetimes
 
     async def call(
-        self, call: RestCall, *, runtime: str | None = None, identity: Identity | None = None
+        self,
+        call: RestCall,
+        *,
+        runtime: str | None = None,
+        identity: Identity | None = None,
+        changes: list[StatusChange] | None = None,
     ) -> RestAnswer:
         """Never raises: bad requests are 400, unknown resources 404, writes to what another
-        runtime registered 403, storage failures 503."""
+        runtime registered 403, storage failures 503. The status changes a write makes are
+        published at once, or with ``changes`` left there for the caller to publish once it
+        has answered."""
+        publish = self._notifier.publish if changes is None else _collect(changes)
         try:
-            return await self._route(call, runtime, identity)
+            return await self._route(call, runtime, identity, publish)
         except _Answer as early:
             return _message(early.status, early.message)
         except InvalidRecord as bad:
@@ -120,8 +146,11 @@ class BuiltinRegistryBackend:
             log.exception("registry_failed", method=call.method, path=call.path_qs())
             return _message(500, "Internal Server Error")
 
+    async def publish(self, changes: Sequence[StatusChange]) -> None:
+        await self._notifier.publish(changes)
+
     async def _route(
-        self, call: RestCall, requester: str | None, identity: Identity | None
+        self, call: RestCall, requester: str | None, identity: Identity | None, publish: Publish
     ) -> RestAnswer:
         """``requester``: the runtime writes are checked against; None, the operator's."""
         query = dict(call.query)
@@ -133,21 +162,28 @@ class BuiltinRegistryBackend:
             case "GET", ("hyperty", "url", url):
                 return await self._hyperty(url)
             case "PUT", ("hyperty", "user", user, url):
-                return await self._register_hyperty(user, url, _body(call), requester, identity)
+                return await self._register_hyperty(
+                    user, url, _body(call), requester, identity, publish
+                )
             case "PUT", ("hyperty", "url", url):
                 return await self._refresh(
-                    EntryKind.HYPERTY, url, _body(call), "Hyperty updated", requester
+                    EntryKind.HYPERTY, url, _body(call), "Hyperty updated", requester, publish
                 )
             case "DELETE", ("hyperty", "user", user, url):
                 written = await self._store.unregister(
                     EntryKind.HYPERTY, url, user, requester=requester
                 )
-                return await self._written(written, url, "Hyperty deleted")
+                return await self._written(written, url, "Hyperty deleted", publish)
             case "PUT", ("hyperty", "dataobject", url):
-                return await self._register_object(url, _body(call), requester)
+                return await self._register_object(url, _body(call), requester, publish)
             case "PUT", ("dataobject", "url", url):
                 return await self._refresh(
-                    EntryKind.DATA_OBJECT, url, _body(call), "data object updated", requester
+                    EntryKind.DATA_OBJECT,
+                    url,
+                    _body(call),
+                    "data object updated",
+                    requester,
+                    publish,
                 )
             case "GET", ("hyperty", "dataobject", "url", url):
                 return await self._object(url)
@@ -161,7 +197,7 @@ class BuiltinRegistryBackend:
                 written = await self._store.unregister(
                     EntryKind.DATA_OBJECT, url, requester=requester
                 )
-                return await self._written(written, url, "Data object deleted")
+                return await self._written(written, url, "Data object deleted", publish)
         raise _Answer(404)
 
     # -- hyperties ----------------------------------------------------------------------------
@@ -191,6 +227,7 @@ class BuiltinRegistryBackend:
         body: Any,
         requester: str | None,
         identity: Identity | None,
+        publish: Publish,
     ) -> RestAnswer:
         values = creation(EntryKind.HYPERTY, body, self._lifetimes, _owner(requester))
         url = valid_key("the hyperty URL", url)
@@ -205,7 +242,7 @@ class BuiltinRegistryBackend:
             email=user_email(user),
             user_verified=verified,
         )
-        await self._notifier.publish(changes)
+        await publish(changes)
         if outcome is Registered.FOREIGN:
             raise _Answer(403, _foreign(url))
         if outcome is Registered.USER_HELD:
@@ -236,13 +273,15 @@ class BuiltinRegistryBackend:
             raise _Answer(404)
         return _answer(200, {entry.url: data_object_json(entry) for entry in found})
 
-    async def _register_object(self, url: str, body: Any, requester: str | None) -> RestAnswer:
+    async def _register_object(
+        self, url: str, body: Any, requester: str | None, publish: Publish
+    ) -> RestAnswer:
         values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, _owner(requester))
         url = valid_key("the data object URL", url)
         outcome, changes = await self._store.register(
             EntryKind.DATA_OBJECT, url, values, requester=requester
         )
-        await self._notifier.publish(changes)
+        await publish(changes)
         if outcome is Registered.FOREIGN:
             raise _Answer(403, _foreign(url))
         return _message(200, "Data object created")
@@ -250,7 +289,13 @@ class BuiltinRegistryBackend:
     # -- both ---------------------------------------------------------------------------------
 
     async def _refresh(
-        self, kind: EntryKind, url: str, body: Any, updated: str, requester: str | None
+        self,
+        kind: EntryKind,
+        url: str,
+        body: Any,
+        updated: str,
+        requester: str | None,
+        publish: Publish,
     ) -> RestAnswer:
         """``{}`` is the keep-alive; anything else updates the fields it names."""
         if body == {}:
@@ -260,7 +305,7 @@ class BuiltinRegistryBackend:
             values = update(kind, body, self._lifetimes)
             written = await self._store.update(kind, url, values, requester=requester)
             message = updated
-        await self._notifier.publish(written.changes)
+        await publish(written.changes)
         if not written.found:
             raise _Answer(404)
         if written.refused:
@@ -271,8 +316,10 @@ class BuiltinRegistryBackend:
         changed = str(written.status_changed).lower()
         return _answer(200, {"statusChanged": changed, "message": message})
 
-    async def _written(self, written: Written, url: str, message: str) -> RestAnswer:
-        await self._notifier.publish(written.changes)
+    async def _written(
+        self, written: Written, url: str, message: str, publish: Publish
+    ) -> RestAnswer:
+        await publish(written.changes)
         if not written.found:
             raise _Answer(404)
         if written.refused:

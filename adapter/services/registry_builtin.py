@@ -9,6 +9,7 @@ from an external dev-registry-domain holding the same registrations.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,7 @@ from ..config import DomainRegistryConfig
 from ..envelope import Message
 from ..storage.clock import utcnow
 from ..storage.database import Database
-from ..storage.registry_store import RegistryStore
+from ..storage.registry_store import RegistryStore, StatusChange
 from .base import Requester, ServiceReply
 from .registry_backend import (
     BuiltinRegistryBackend,
@@ -51,10 +52,15 @@ class BuiltinDomainRegistry:
         except Exception:  # a mapping bug must cost one answer, not the session
             log.exception("builtin_registry_failed", id=message.id)
             return ServiceReply(500, desc="domain registry failed")
+        changes: list[StatusChange] = []
         answer = await self._backend.call(
-            call, runtime=requester.runtime_url, identity=requester.identity
+            call, runtime=requester.runtime_url, identity=requester.identity, changes=changes
         )
-        return domain_reply(call, answer)
+        reply = domain_reply(call, answer)
+        if not changes:
+            return reply
+        backend = self._backend
+        return dataclasses.replace(reply, then=lambda: backend.publish(changes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import orjson
@@ -107,6 +108,7 @@ class StubEndpoint:
         )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         if self.closing:
             raise web.HTTPServiceUnavailable(text="the node is shutting down; retry later")
         if len(self._open) >= self._config.max_connections:
@@ -158,7 +160,7 @@ class StubEndpoint:
             if runtime_url is not None:
                 try:
                     attachment = await self._attach(
-                        conn, runtime_url, token, hello, identity, answer
+                        conn, runtime_url, token, hello, identity, answer, arrived
                     )
                 except SessionRefused as exc:
                     # Checked again under the session's lock: the upgrade is done by now.
@@ -215,6 +217,7 @@ class StubEndpoint:
         hello: AckHello | None,
         identity: Identity | None,
         answer: bool,
+        arrived: float,
     ) -> Attachment:
         attachment = await self._sessions.attach(
             runtime_url, conn, token, hello, identity, protect=answer
@@ -241,6 +244,9 @@ class StubEndpoint:
                     acked,
                 )
             )
+        self._metrics.connect_seconds.labels("resumed" if attachment.resumed else "new").observe(
+            time.monotonic() - arrived
+        )
         # What the stub says it received counts only for the session it received it in.
         received = hello.received if hello is not None and attachment.resumed else 0
         self._sessions.resume(attachment, received)
@@ -413,6 +419,7 @@ class StubEndpoint:
     async def _on_connect(
         self, conn: StubConnection, attachment: Attachment | None, data: dict[str, Any]
     ) -> Attachment | None:
+        arrived = time.monotonic()
         if attachment is not None:
             await conn.send(
                 control_error(
@@ -446,6 +453,7 @@ class StubEndpoint:
                 hello,
                 identity,
                 answer=True,
+                arrived=arrived,
             )
         except (TokenRejected, IdentityRejected, SessionRefused) as exc:
             await conn.send(control_error(401, str(exc), cmd="connect"))

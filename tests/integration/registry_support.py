@@ -68,7 +68,10 @@ class Harness:
         identity: Identity | None = None,
     ) -> ServiceReply:
         message = self.message(kind, body, runtime)
-        return await self.built.service.handle(message, Requester(1, runtime, identity))
+        reply = await self.built.service.handle(message, Requester(1, runtime, identity))
+        if reply.then is not None:
+            await reply.then()  # as the node does, once the answer is on its way
+        return reply
 
     async def register_hyperty(
         self,

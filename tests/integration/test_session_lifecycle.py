@@ -184,3 +184,27 @@ async def test_what_a_leaving_runtime_did_not_acknowledge_is_answered_to_its_sen
     finally:
         await sender.close()
         await receiver.close()
+
+
+async def test_a_disconnect_followed_at_once_by_the_close_releases_the_session(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    """reTHINK's own stub sends `disconnect` and closes its socket in the same breath (the
+    suite's tests then start a new stub for the same runtimeURL): the session is released, not
+    kept for a resume."""
+    node = await start_node(database_url)
+    url = f"runtime://{D}/close-at-once"
+    first = await PyRuntime(stub_url(node), url).connect(handshake="v2", hello=True)
+    assert first.ws is not None
+    await first.ws.send_str(
+        '{"cmd":"disconnect","body":{"runtimeURL":"%s","via":"hyperty-runtime://x/protostub/1"}}'
+        % url
+    )
+    await first.ws.close()
+    await first.close()
+    again = await PyRuntime(stub_url(node), url).connect(handshake="v2", hello=True)
+    try:
+        assert again.connect_answer is not None
+        assert again.connect_answer["data"]["session"] == "new", again.connect_answer
+    finally:
+        await again.close()

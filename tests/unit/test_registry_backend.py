@@ -284,3 +284,17 @@ async def test_a_verified_user_is_not_blocked_by_an_anonymous_holder(real: Real)
     segments = ("hyperty", "user", ALICE, hyperty_3)
     assert (await real.put(segments, _hyperty(other_device), other_device, shouting))[0] == 200
     assert list(await real.get(("hyperty", "user", ALICE))) == [H2, hyperty_3]
+
+
+async def test_a_requests_status_changes_wait_for_its_caller_to_publish_them(real: Real) -> None:
+    """Through the MN the answer goes first and the publications it causes after it (else a
+    runtime subscribed to its own registration hears the publication in place of the answer)."""
+    assert (await real.put(("hyperty", "user", ALICE, H1), _hyperty(RT1), RT1))[0] == 200
+    real.notes.clear()
+    changes: list[Any] = []
+    call = RestCall("PUT", ("hyperty", "url", H1), body=orjson.dumps({"status": "disconnected"}))
+    answer = await real.backend.call(call, runtime=RT1, changes=changes)
+    assert answer.status == 200
+    assert real.notes == [] and [(c.url, c.status) for c in changes] == [(H1, "disconnected")]
+    await real.backend.publish(changes)
+    assert real.notes == [(H1, "disconnected")]
