@@ -16,6 +16,7 @@
 // stdout, one JSON value per line: {"ev":"ready"}, then after the run {"ev":"result",…} with
 // every attempt ([sender, seq, acknowledged, refused]), every arrival ([receiver, sender, seq]),
 // reconnect latencies per kind, server errors, refused connects, and the registry read at the end.
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
 
 const spec = JSON.parse(process.argv[2]);
@@ -32,6 +33,7 @@ const attempts = []; // [sender, seq, acknowledged, refused]
 const arrivals = []; // [receiver, sender, seq, generation of the receiving stub instance]
 const reloaded = []; // [runtime, generation]: instances that vanished with a reload
 const latencies = Object.fromEntries(KINDS.map((kind) => [kind, []]));
+const connectAttempts = {}; // connection attempts a reconnect took -> how many reconnects
 const serverErrors = []; // responses with a 5xx code
 const refusedConnects = []; // a stub reporting `failed`
 const unanswered = { requests: 0 };
@@ -92,8 +94,11 @@ class Runtime {
     if (bus !== this.instance?.bus) return; // an abandoned instance
     if (msg.to === `${this.instance.stubURL}/status`) {
       const value = msg.body?.value;
+      if (value === 'in-progress' && this.waitingLive) this.waitingLive.attempts += 1;
       if (value === 'live' && this.waitingLive) {
         latencies[this.waitingLive.kind].push(now() - this.waitingLive.since);
+        const n = this.waitingLive.attempts;
+        connectAttempts[n] = (connectAttempts[n] ?? 0) + 1;
         this.waitingLive = null;
       }
       if (value === 'failed') refusedConnects.push({ runtime: this.name, desc: msg.body?.desc });
@@ -166,11 +171,11 @@ class Runtime {
     if (kind === 'disconnect') {
       await this.instance.stub.disconnect();
       this.retire();
-      this.waitingLive = { kind, since };
+      this.waitingLive = { kind, since, attempts: 0 };
       this.instance.stub.connect();
       await this.register(); // a fresh session: its hyperty is gone with the old one
     } else if (kind === 'drop') {
-      this.waitingLive = { kind, since };
+      this.waitingLive = { kind, since, attempts: 0 };
       cut(this.instance.stub);
     } else {
       // A reload: the page's old instance vanishes with its socket; a new one starts.
@@ -178,7 +183,7 @@ class Runtime {
       this.retire();
       abandon(old);
       reloaded.push([this.name, this.generation]);
-      this.waitingLive = { kind, since };
+      this.waitingLive = { kind, since, attempts: 0 };
       this.start();
       this.instance.stub.connect();
     }
@@ -208,6 +213,9 @@ for (let i = 0; i < runtimes.length; i += 50) {
 }
 out({ ev: 'ready', t: now() });
 
+// This process's own event-loop delay over the window: a reconnect measured here includes it.
+const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+loopDelay.enable();
 const started = now();
 const endAt = started + spec.seconds * 1000;
 const timers = [];
@@ -237,6 +245,9 @@ for (const r of runtimes) {
 }
 await new Promise((resolve) => setTimeout(resolve, spec.seconds * 1000 + 500));
 for (const t of timers) clearTimeout(t);
+loopDelay.disable();
+const ms = (ns) => Math.round(ns / 1e4) / 100;
+const driverLoopDelay = { p50: ms(loopDelay.percentile(50)), p99: ms(loopDelay.percentile(99)), max: ms(loopDelay.max) };
 
 // Drain: until nothing new arrives for a while (or a cap), so late deliveries count.
 let last = -1;
@@ -280,4 +291,6 @@ process.stdout.write(JSON.stringify({
   refused_connect_count: refusedConnects.length,
   unanswered_requests: unanswered.requests,
   registry,
+  driver_loop_delay_ms: driverLoopDelay,
+  connect_attempts: connectAttempts,
 }) + '\n', () => process.exit(0));

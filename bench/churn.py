@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 from fault_check import Arrival, Attempt, check
+from prometheus_client.parser import text_string_to_metric_families
 
 BENCH = Path(__file__).resolve().parent
 RECONNECT_P99_LIMIT_MS = 200.0
@@ -181,14 +182,18 @@ def figures(arm: Arm, raw: dict[str, Any]) -> dict[str, Any]:
             "current_hyperty_live": registry["hyperty_live"],
             "not_live_sample": registry["hyperty_not_live"][:5],
         },
+        # The measuring process's own event-loop delay: part of every reconnect it timed.
+        "driver_loop_delay_ms": raw.get("driver_loop_delay_ms"),
+        # Connection attempts a reconnect took (1: the first went through) -> reconnects.
+        "connect_attempts": raw.get("connect_attempts"),
     }
 
 
-LAG = "rethink_mn_event_loop_lag_seconds"
-
-
-async def sample(service: Any, every: float, into: list[dict[str, Any]]) -> None:
-    """The node's RSS, its event loop's tasks and its sessions, every ``every`` seconds."""
+async def sample(
+    service: Any, every: float, into: list[dict[str, Any]], last: dict[str, str]
+) -> None:
+    """The node's RSS, its event loop's tasks and its sessions, every ``every`` seconds;
+    ``last["metrics"]``: the latest /metrics text."""
     metrics = service.health_url.replace("/health", "/metrics")
     started = asyncio.get_running_loop().time()
     async with aiohttp.ClientSession() as http:
@@ -199,32 +204,44 @@ async def sample(service: Any, every: float, into: list[dict[str, Any]]) -> None
             }
             with contextlib.suppress(aiohttp.ClientError, OSError):
                 async with http.get(metrics) as resp:
-                    for line in (await resp.text()).splitlines():
-                        for name, key in (
-                            ("rethink_mn_event_loop_tasks ", "tasks"),
-                            ("rethink_mn_sessions ", "sessions"),
-                            ("rethink_mn_stub_connections ", "connections"),
-                            (f'{LAG}_bucket{{le="0.1"}} ', "lag_le_100ms"),
-                            (f'{LAG}_bucket{{le="0.25"}} ', "lag_le_250ms"),
-                            (f"{LAG}_count ", "lag_samples"),
-                        ):
-                            if line.startswith(name):
-                                point[key] = float(line.split()[1])
+                    last["metrics"] = await resp.text()
+                for family in text_string_to_metric_families(last["metrics"]):
+                    for name, key in (
+                        ("rethink_mn_event_loop_tasks", "tasks"),
+                        ("rethink_mn_sessions", "sessions"),
+                        ("rethink_mn_stub_connections", "connections"),
+                    ):
+                        if family.name == name and family.samples:
+                            point[key] = family.samples[0].value
             into.append(point)
             await asyncio.sleep(every)
 
 
-def loop_lag(series: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """How often the node's event loop woke its 100 ms timer late, over the whole arm: the
-    node's share of a slow reconnect."""
-    last = next((p for p in reversed(series) if "lag_samples" in p), None)
-    if last is None:
+def histogram(text: str, name: str) -> dict[str, Any] | None:
+    """A histogram of the node's /metrics (summed over its labels): how many observations,
+    how many above 100 and 250 ms, and the bucket bounds that hold the median and the 99th
+    percentile."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    if not buckets or not buckets[float("inf")]:
         return None
-    n = int(last["lag_samples"])
+    n = buckets[float("inf")]
+
+    def bound(q: float) -> float:
+        return next(le for le, count in sorted(buckets.items()) if count >= q * n)
+
     return {
-        "samples": n,
-        "over_100ms": n - int(last["lag_le_100ms"]),
-        "over_250ms": n - int(last["lag_le_250ms"]),
+        "n": int(n),
+        "over_100ms": int(n - buckets[0.1]),
+        "over_250ms": int(n - buckets[0.25]),
+        "p50_at_most_ms": bound(0.5) * 1000,
+        "p99_at_most_ms": bound(0.99) * 1000,
     }
 
 
@@ -300,8 +317,9 @@ async def run_group(
 
         async def scenarios(url: str, service: Any, arm: Arm = arm) -> None:
             series: list[dict[str, Any]] = []
+            last = {"metrics": ""}
             sampler = asyncio.create_task(
-                sample(service, SAMPLE_EVERY_S if not quick else 2.0, series)
+                sample(service, SAMPLE_EVERY_S if not quick else 2.0, series, last)
             )
             try:
                 raw = await drive(url, domain, arm, work / f"{arm.label}-driver.log")
@@ -314,7 +332,9 @@ async def run_group(
                 if soak
                 else {"rss_mb_end": series[-1]["rss_mb"] if series else None}
             )
-            extra["node_loop_lag"] = loop_lag(series)
+            # The node's share of a slow reconnect: its event loop held, or its answer late.
+            extra["node_loop_lag"] = histogram(last["metrics"], "rethink_mn_event_loop_lag_seconds")
+            extra["node_connect"] = histogram(last["metrics"], "rethink_mn_stub_connect_seconds")
             results.add(arm.label, target="node", **figures(arm, raw), **extra)
 
         try:

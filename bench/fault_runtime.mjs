@@ -138,7 +138,11 @@ function stream(targets, from) {
     while (sentCount < due) {
       const seq = ++sentCount;
       const to = targets[(seq - 1) % targets.length];
-      bus.send({ id: seq, type: 'update', from, to, body: { sender: spec.name, seq, t: now(), padding } });
+      // `learnEvery`: every nth message from an address never allocated, so that taking it
+      // writes a learned route to the node's database (what a database outage hits).
+      const learn = spec.learnEvery && seq % spec.learnEvery === 0;
+      const sentFrom = learn ? `user://${spec.domain}/${spec.name}-${spec.tag}-${seq}` : from;
+      bus.send({ id: seq, type: 'update', from: sentFrom, to, body: { sender: spec.name, seq, t: now(), padding } });
     }
     if (performance.now() - reported >= 100) {
       reported = performance.now();

@@ -1,7 +1,9 @@
 """Processes for the fault suite: a Synapse with its own data dir, the node as a separate
 `rethink-mn run` process with a generated config, the node's database (a SQLite file or a fresh
-PostgreSQL database), and a TCP proxy in front of the node's stub port that can cut every
-connection at once or refuse new ones for a while. Each can be signalled and restarted."""
+PostgreSQL database), a TCP proxy in front of the node's stub port that can cut every
+connection at once or refuse new ones for a while, and, for the scenarios that need them, a TCP
+proxy in front of PostgreSQL (an outage of the database server) and an HTTP proxy in front of
+Synapse's client API (Synapse answering errors). Each can be signalled and restarted."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import ctypes
 import os
 import secrets
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -18,8 +21,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -61,13 +66,17 @@ async def _wait_exit(poll: Any, timeout: float) -> int | None:
 
 
 class Database:
-    """The node's database for one scenario: created fresh, dropped afterwards."""
+    """The node's database for one scenario: created fresh, dropped afterwards. With
+    ``outages`` the node reaches PostgreSQL through a TCP proxy, so that the server can seem
+    to go away (`outage`)."""
 
-    def __init__(self, kind: str, work: Path) -> None:
+    def __init__(self, kind: str, work: Path, outages: bool = False) -> None:
         self.kind = kind
         self.work = work
         self.url = ""
         self._pg_name: str | None = None
+        pg = urlsplit(PG_ADMIN_DSN)
+        self.proxy = Proxy(pg.port or 5432, pg.hostname or "127.0.0.1") if outages else None
 
     async def create(self) -> str:
         if self.kind == "sqlite":
@@ -80,12 +89,55 @@ class Database:
                 PG_ADMIN_DSN, autocommit=True, connect_timeout=5
             ) as conn:
                 await conn.execute(f'CREATE DATABASE "{self._pg_name}"')
-            self.url = PG_ADMIN_DSN.rsplit("/", 1)[0] + f"/{self._pg_name}"
+            pg = urlsplit(PG_ADMIN_DSN)
+            netloc = pg.netloc
+            if self.proxy is not None:
+                port = await self.proxy.start()
+                netloc = netloc.rsplit("@", 1)[0] + f"@127.0.0.1:{port}"
+            self.url = urlunsplit((pg.scheme, netloc, f"/{self._pg_name}", pg.query, ""))
         else:
             raise ValueError(f"unknown database {self.kind!r}")
         return self.url
 
+    async def outage(self, seconds: float) -> tuple[bool, str]:
+        """The database unusable for the node for ``seconds``. SQLite: another process holds
+        the write lock (longer than the node's busy timeout). PostgreSQL: as in a restart,
+        the server ends every connection of the node's database and refuses new ones.
+        Whether it took effect, and how."""
+        if self.kind == "sqlite":
+            path = self.url.removeprefix("sqlite:///")
+            lock = await asyncio.to_thread(_sqlite_write_lock, path)
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                await asyncio.to_thread(lock.close)  # rolls back: nothing written
+            return True, f"write lock held {seconds}s by another process"
+        assert self.proxy is not None, "a PostgreSQL outage needs Database(outages=True)"
+        import psycopg
+
+        self.proxy.refusing = True
+        try:
+            async with await psycopg.AsyncConnection.connect(
+                PG_ADMIN_DSN, autocommit=True, connect_timeout=5
+            ) as conn:
+                cursor = await conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (self._pg_name,),
+                )
+                row = await cursor.fetchone()
+            ended = int(row[0]) if row else 0
+            cut = self.proxy.cut()
+            await asyncio.sleep(seconds)
+        finally:
+            self.proxy.refusing = False
+        refused = self.proxy.refused
+        how = f"{ended} connections ended, {cut} cut, {refused} refused over {seconds}s"
+        return ended + cut > 0, how
+
     async def drop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.close()
         if self._pg_name is None:
             return
         import psycopg
@@ -95,6 +147,14 @@ class Database:
         ) as conn:
             await conn.execute(f'DROP DATABASE IF EXISTS "{self._pg_name}" WITH (FORCE)')
         self._pg_name = None
+
+
+def _sqlite_write_lock(path: str) -> sqlite3.Connection:
+    # isolation_level=None: the BEGIN is ours. IMMEDIATE takes the write lock at once; the
+    # node's readers go on (WAL), its writers wait and then fail with "database is locked".
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("BEGIN IMMEDIATE")
+    return conn
 
 
 async def postgres_reachable() -> str | None:
@@ -318,7 +378,8 @@ class NodeProcess:
 
 
 class Proxy:
-    """A TCP proxy in front of the node's stub listener: runtimes connect here.
+    """A TCP proxy: runtimes connect here for the node's stub listener (and the node here for
+    PostgreSQL in the database outage).
 
     ``cut()`` aborts every connection at once (both sides see the socket die, no WebSocket close
     frame: a network loss); while ``refusing`` new connections are accepted and aborted at once;
@@ -326,8 +387,9 @@ class Proxy:
     either end noticing yet).
     A connection whose other side closes or fails is aborted as a whole."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.upstream_port = upstream_port
+        self.upstream_host = upstream_host
         self.port = 0
         self.refusing = False
         self.blackhole = False  # forward nothing, in either direction, without closing anything
@@ -367,7 +429,9 @@ class Proxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            up_reader, up_writer = await asyncio.open_connection(
+                self.upstream_host, self.upstream_port
+            )
         except OSError:
             self.upstream_failed += 1
             writer.transport.abort()
@@ -419,3 +483,65 @@ class Proxy:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
+
+
+class HomeserverProxy:
+    """An HTTP proxy in front of Synapse's client API, for the node's requests. While
+    ``failing`` is a status, every request is answered with it, as an overloaded or broken
+    homeserver answers (429 with ``retry_after_ms``, or 500), and never reaches Synapse.
+    Synapse's pushes to the node do not pass here."""
+
+    # Hop-by-hop, or recomputed by aiohttp for the body it sends on.
+    _SKIP = frozenset({"host", "connection", "content-length", "transfer-encoding", "keep-alive"})
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.failing: int | None = None
+        self.failed = 0
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    async def start(self) -> str:
+        # No decompression: bodies go on byte for byte with their Content-Encoding.
+        self._http = aiohttp.ClientSession(
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, sock_read=120)
+        )
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        status = self.failing
+        if status is not None:
+            self.failed += 1
+            if status == 429:
+                body = {
+                    "errcode": "M_LIMIT_EXCEEDED",
+                    "error": "Too Many Requests",
+                    "retry_after_ms": 500,
+                }
+            else:
+                body = {"errcode": "M_UNKNOWN", "error": "Internal server error"}
+            return web.json_response(body, status=status)
+        assert self._http is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._SKIP}
+        async with self._http.request(
+            request.method,
+            self.upstream + request.path_qs,
+            headers=headers,
+            data=await request.read(),
+        ) as upstream:
+            answer = {k: v for k, v in upstream.headers.items() if k.lower() not in self._SKIP}
+            return web.Response(status=upstream.status, body=await upstream.read(), headers=answer)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.close()

@@ -48,6 +48,7 @@ from ..sessions.link import Link
 from ..sessions.mailbox import Parcel
 from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
 from ..sessions.upstream import Pending, Settles
+from ..storage.database import unavailable as database_unavailable
 from ..storage.routes import RouteStore
 from .federation import Federation
 from .journal import Journal
@@ -58,9 +59,11 @@ from .policy import PolicyEngine
 log = structlog.get_logger(__name__)
 
 # A numbered message that fails inside the node is given back to its stub (resent after the
-# reconnect) this many times before it is answered 500: a fault that lasts, or a bug, must not
-# make one stub reconnect for ever.
+# reconnect) this many times before it is answered 500: a bug must not make one stub reconnect
+# for ever. While the database is away it is given back for this long (the stub's reconnect
+# back-off paces the resends), then answered 503.
 MAX_GIVE_BACKS = 3
+DATABASE_GIVE_BACK_SECONDS = 60.0
 
 
 # The schemes of every address a service of the node has.
@@ -158,7 +161,9 @@ class Ingress:
             try:
                 routed = await self._decide(attachment, raw, parsed, pending)
             except Exception as exc:
-                if upstream.give_back(pending) < MAX_GIVE_BACKS:
+                times, seconds = upstream.give_back(pending)
+                passing = database_unavailable(exc)
+                if seconds < DATABASE_GIVE_BACK_SECONDS if passing else times < MAX_GIVE_BACKS:
                     raise  # the connection closes (1011); the stub sends it again
                 await self._failed(attachment, raw, parsed, exc)
                 routed = False
@@ -173,16 +178,17 @@ class Ingress:
     async def _failed(
         self, attachment: Attachment, raw: str, parsed: dict[str, Any], exc: Exception
     ) -> None:
-        """A message the node could not decide: its sender is answered 500."""
+        """A message the node could not decide: its sender is answered 503 when the database
+        is away, else 500."""
         log.error(
             "deciding a message failed", runtime=attachment.session.runtime_url, error=repr(exc)
         )
-        await self.refuse_frame(
-            attachment,
-            attachment.link,
-            raw,
-            InvalidMessage(500, "internal error in the node", parsed),
+        refusal = (
+            InvalidMessage(503, "the node's database is unavailable; send it again later", parsed)
+            if database_unavailable(exc)
+            else InvalidMessage(500, "internal error in the node", parsed)
         )
+        await self.refuse_frame(attachment, attachment.link, raw, refusal)
 
     async def _decide(
         self, attachment: Attachment, raw: str, parsed: dict[str, Any], pending: Pending | None

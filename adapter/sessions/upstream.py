@@ -10,6 +10,7 @@ below which everything is done.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -32,7 +33,8 @@ class Upstream:
         self.acked = 0  # everything up to here is done
         self._pending: deque[Pending] = deque()
         self._on_progress = on_progress
-        self._given_back = (0, 0)  # (number, how often) of the last message given back
+        # (number, how often, since when) of the last message given back
+        self._given_back: tuple[int, int, float] = (0, 0, 0.0)
 
     def take(self, seq: int) -> Pending | None:
         """Accept message ``seq``; None when it was accepted before (a resend after a
@@ -44,17 +46,21 @@ class Upstream:
         self._pending.append(pending)
         return pending
 
-    def give_back(self, pending: Pending) -> int:
+    def give_back(self, pending: Pending) -> tuple[int, float]:
         """A message that failed inside the node before it was decided (the database away): not
         taken after all, so its resend after the reconnect is taken again. Returns how many
-        times in a row this number was given back."""
+        times in a row this number was given back, and for how many seconds."""
         if self._pending and self._pending[-1] is pending:
             self._pending.pop()
             self.accepted = pending.seq - 1
-        number, times = self._given_back
-        times = times + 1 if number == pending.seq else 1
-        self._given_back = (pending.seq, times)
-        return times
+        number, times, since = self._given_back
+        now = time.monotonic()
+        if number == pending.seq:
+            times += 1
+        else:
+            times, since = 1, now
+        self._given_back = (pending.seq, times, since)
+        return times, now - since
 
     def done(self, pending: Pending) -> None:
         pending.done = True

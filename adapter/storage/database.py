@@ -42,7 +42,7 @@ from sqlalchemy import Engine, Insert, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from ..private_files import SQLITE_SIDE_FILES, create_private_file, private_dir
@@ -59,6 +59,7 @@ __all__ = [
     "is_sqlite",
     "sqlite_files",
     "sync_url",
+    "unavailable",
     "upsert",
 ]
 
@@ -184,6 +185,14 @@ def upsert(dialect: str, entity: Any, keys: list[str], update: list[str] | None 
             index_elements=keys, set_={c: getattr(stmt.excluded, c) for c in update}
         )
     return stmt.on_conflict_do_nothing(index_elements=keys)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be used just now (unreachable, restarting,
+    its connection lost, locked by another writer): a condition that passes, unlike a bug."""
+    return isinstance(
+        exc, (OperationalError, InterfaceError, psycopg.OperationalError, sqlite3.OperationalError)
+    )
 
 
 def _is_busy(exc: OperationalError | sqlite3.OperationalError) -> bool:

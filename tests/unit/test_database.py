@@ -14,7 +14,7 @@ import pytest_asyncio
 from sqlalchemy import Column, Connection, Enum, Integer, MetaData, Table, bindparam, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from adapter.storage.database import Database, Prepared
+from adapter.storage.database import Database, Prepared, unavailable
 from adapter.storage.models import SessionState
 from adapter.storage.prepared import MAX_BLOCK
 
@@ -91,6 +91,22 @@ async def test_an_unreachable_database_fails_the_call_and_keeps_the_workers(
                 await asyncio.wait_for(database.run(lambda c: c.execute(text("SELECT 1"))), 10)
     finally:
         await database.dispose()
+
+
+async def test_an_unreachable_or_locked_database_is_unavailable_a_bug_is_not(
+    db: Database,
+) -> None:
+    """What the ingress gives back to the stub for a while (503 after) and what it answers
+    500 after a few tries."""
+    down = Database("postgresql+psycopg://nobody@127.0.0.1:1/none", workers=1)
+    try:
+        with pytest.raises(OperationalError) as caught:
+            await asyncio.wait_for(down.run(lambda c: c.execute(text("SELECT 1"))), 10)
+        assert unavailable(caught.value)
+    finally:
+        await down.dispose()
+    assert unavailable(sqlite3.OperationalError("database is locked"))
+    assert not unavailable(ValueError("a bug")) and not unavailable(KeyError("x"))
 
 
 def prepared_insert(db: Database) -> Prepared:

@@ -27,7 +27,7 @@ from adapter.services.base import Requester, ServiceReply
 from adapter.services.registry import node_addresses
 from adapter.sessions.mailbox import Mailbox, Parcel
 from adapter.sessions.session import Attachment, Session
-from adapter.sessions.upstream import Upstream
+from adapter.sessions.upstream import Pending, Upstream
 from adapter.stub.protocol import BadHello, parse_hello, split_numbered
 
 from .test_mailbox import FakeLink, MemoryStore
@@ -269,6 +269,20 @@ def test_acknowledgements_are_cumulative_over_messages_done_out_of_order() -> No
     assert upstream.acked == 2 and told == [2]
     upstream.done(p3)
     assert told == [2, 3]
+
+
+def test_a_number_given_back_again_counts_its_times_and_seconds() -> None:
+    upstream = Upstream("k.s", lambda up: None)
+    pending = upstream.take(1)
+    assert pending is not None
+    assert upstream.give_back(pending)[0] == 1
+    again = upstream.take(1)  # its resend after the reconnect is taken again
+    assert again is not None
+    times, seconds = upstream.give_back(again)
+    assert times == 2 and 0 <= seconds < 5
+    other = upstream.take(1)
+    assert other is not None and upstream.take(2) is not None
+    assert upstream.give_back(Pending(2))[0] == 1  # another number starts over
 
 
 # -- ingress ------------------------------------------------------------------------------------
