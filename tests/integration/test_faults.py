@@ -399,7 +399,8 @@ async def test_quick_fault_suite(database: str, tmp_path: Path, synapse_python: 
         assert r["drained"], f"{name}: deliveries still growing at the drain cap"
         c = r["counts"]
         expected = (
-            plan["monkey_count"] * (plan["monkey_senders"] + 1)
+            # per message and destination: the reporter's go to every observer
+            plan["monkey_count"] * (plan["monkey_senders"] + plan["monkey_observers"])
             if r["scenario"] == "monkey"
             else plan["count"]
         )
