@@ -37,7 +37,12 @@ from .identity.matrix import MatrixTokenVerifier
 from .identity.model import Identity
 from .identity.oidc import OidcVerifier
 from .namespace import NamespaceQueries
-from .observability import HealthEndpoints, NodeMetrics, watch_event_loop
+from .observability import (
+    HealthEndpoints,
+    NodeMetrics,
+    watch_event_loop,
+    watch_garbage_collector,
+)
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
@@ -274,6 +279,7 @@ class Node:
 
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[Any]] = []
+        self._unwatch_gc: Callable[[], None] = lambda: None
         self.running = False
         self.appservice_port: int | None = None
         self.stub_port: int | None = None
@@ -452,6 +458,7 @@ class Node:
             asyncio.create_task(self.settlement.run(), name="checkpoints"),
             asyncio.create_task(watch_event_loop(self.metrics.loop_lag), name="loop-lag"),
         ]
+        self._unwatch_gc = watch_garbage_collector(self.metrics.gc_pause)
         positions = await self._checkpoints.positions()
         if self.lanes is not None:
             recovery = LaneRecovery(
@@ -516,6 +523,7 @@ class Node:
         if not self.running:
             return
         self.running = False
+        self._unwatch_gc()
         await self.stub_endpoint.stop_reading(SHUTDOWN_FLUSH_SECONDS)
         if self.lanes is not None:
             await self._flush_lanes()

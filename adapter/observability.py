@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import time
@@ -69,6 +70,20 @@ async def watch_event_loop(lag: Histogram, every: float = 0.1) -> None:
         lag.observe(max(0.0, loop.time() - asked))
 
 
+def watch_garbage_collector(pause: Histogram) -> Callable[[], None]:
+    """Observe every collection's pause by generation; returns what stops observing."""
+    started: list[float] = [0.0]
+
+    def on_collection(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pause.labels(str(info["generation"])).observe(time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_collection)
+    return lambda: gc.callbacks.remove(on_collection)
+
+
 class NodeMetrics:
     """The reTHINK side's metrics; the Matrix side registers its own on the same registry."""
 
@@ -94,6 +109,13 @@ class NodeMetrics:
             "the loop delays every delivery and reconnect by as much.",
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.gc_pause = Histogram(
+            "rethink_mn_gc_pause_seconds",
+            "Python's garbage collections by generation: each holds the event loop for as long.",
+            ["generation"],
+            registry=registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         )
         self.connect_seconds = Histogram(
             "rethink_mn_stub_connect_seconds",

@@ -217,8 +217,9 @@ async def sample(
             await asyncio.sleep(every)
 
 
-def histogram(text: str, name: str) -> dict[str, Any] | None:
-    """A histogram of the node's /metrics (summed over its labels): how many observations,
+def histogram(text: str, name: str, **where: str) -> dict[str, Any] | None:
+    """A histogram of the node's /metrics (summed over its labels, those in ``where`` only
+    with these values): how many observations,
     how many above 100 and 250 ms, and the bucket bounds that hold the median and the 99th
     percentile."""
     buckets: dict[float, float] = {}
@@ -226,7 +227,9 @@ def histogram(text: str, name: str) -> dict[str, Any] | None:
         if family.name != name:
             continue
         for sample in family.samples:
-            if sample.name == f"{name}_bucket":
+            if sample.name == f"{name}_bucket" and all(
+                sample.labels.get(k) == v for k, v in where.items()
+            ):
                 le = float(sample.labels["le"])
                 buckets[le] = buckets.get(le, 0.0) + sample.value
     if not buckets or not buckets[float("inf")]:
@@ -335,6 +338,9 @@ async def run_group(
             # The node's share of a slow reconnect: its event loop held, or its answer late.
             extra["node_loop_lag"] = histogram(last["metrics"], "rethink_mn_event_loop_lag_seconds")
             extra["node_connect"] = histogram(last["metrics"], "rethink_mn_stub_connect_seconds")
+            extra["node_full_gc"] = histogram(
+                last["metrics"], "rethink_mn_gc_pause_seconds", generation="2"
+            )
             results.add(arm.label, target="node", **figures(arm, raw), **extra)
 
         try:

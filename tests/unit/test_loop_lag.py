@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 
 from prometheus_client import CollectorRegistry
 
-from adapter.observability import NodeMetrics, watch_event_loop
+from adapter.observability import NodeMetrics, watch_event_loop, watch_garbage_collector
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -33,3 +34,18 @@ async def test_a_loop_held_for_300_ms_is_one_sample_over_250_ms() -> None:
     samples = _value(registry, f"{name}_count")
     late = samples - _value(registry, f"{name}_bucket", le="0.25")
     assert samples >= 5 and late == 1
+
+
+def test_every_collection_is_observed_by_generation_until_unwatched() -> None:
+    registry = CollectorRegistry()
+    metrics = NodeMetrics(registry)
+    unwatch = watch_garbage_collector(metrics.gc_pause)
+    try:
+        gc.collect()
+    finally:
+        unwatch()
+    name = "rethink_mn_gc_pause_seconds_count"
+    assert _value(registry, name, generation="2") >= 1
+    before = _value(registry, name, generation="2")
+    gc.collect()
+    assert _value(registry, name, generation="2") == before
