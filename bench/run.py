@@ -143,6 +143,8 @@ QUICK = Plan(
     (100,), (100, 1000), (100, 10000), (100,), (100, 10000), 100, 20.0, 200, 1, ((100, 100),)
 )
 QUICK = dataclasses.replace(QUICK, crowd_cells=crowd.QUICK_GRID, federation=domains.QUICK)
+# The 30-minute soak runs only when asked for (--only soak); its quick form is in the smoke run.
+FULL = dataclasses.replace(FULL, only=GROUPS - {"soak"})
 
 
 @dataclass
