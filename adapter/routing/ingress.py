@@ -162,8 +162,11 @@ class Ingress:
                 routed = await self._decide(attachment, raw, parsed, pending)
             except Exception as exc:
                 times, seconds = upstream.give_back(pending)
-                passing = database_unavailable(exc)
-                if seconds < DATABASE_GIVE_BACK_SECONDS if passing else times < MAX_GIVE_BACKS:
+                if database_unavailable(exc):
+                    again = seconds < DATABASE_GIVE_BACK_SECONDS
+                else:
+                    again = times < MAX_GIVE_BACKS
+                if again:
                     raise  # the connection closes (1011); the stub sends it again
                 await self._failed(attachment, raw, parsed, exc)
                 routed = False
