@@ -11,6 +11,7 @@ beyond 2^53, unicode escapes, key order) arrives byte for byte.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -87,7 +88,18 @@ def dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+# A NUL character: JSON carries it only escaped, and an escaped backslash before "u0000" is
+# no NUL. No field that the node keeps in PostgreSQL (an address, a key) can hold one.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def holds_nul(raw: str) -> bool:
+    return "\\u0000" in raw and _NUL.search(raw) is not None
+
+
 def check_header(raw: str, obj: dict[str, Any]) -> Message:
+    if holds_nul(raw):
+        raise InvalidMessage(400, "a message must not hold a NUL character (\\u0000)", obj)
     msg_id = obj.get("id")
     msg_type = obj.get("type")
     sender = obj.get("from")

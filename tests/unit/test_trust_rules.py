@@ -12,6 +12,7 @@ from adapter import carrier
 from adapter.envelope import (
     MAX_DESTINATIONS,
     InvalidMessage,
+    check_header,
     is_stream_address,
     parse,
 )
@@ -191,3 +192,16 @@ async def test_the_subscription_manager_refuses_another_runtimes_own_addresses()
     # The operator's rules refine what the rule allows.
     assert await subscribe({"resources": ["comm://d/o/children/secret"]}) == 403
     assert "comm://d/o/children/secret" in denied
+
+
+def test_a_nul_character_anywhere_in_a_message_is_refused_where_it_enters() -> None:
+    """Found by the 30-minute fuzz: an address holding NUL made PostgreSQL refuse the learned
+    route's row, and the sender got 500. An escaped backslash before "u0000" is no NUL."""
+    nul = r'{"id":1,"type":"ping","from":"user://d/a\u0000","to":"hyperty://d/b"}'
+    with pytest.raises(InvalidMessage) as refused:
+        check_header(nul, orjson.loads(nul))
+    assert refused.value.code == 400
+    literal = (
+        r'{"id":1,"type":"ping","from":"user://d/a","to":"hyperty://d/b","body":{"t":"\\u0000"}}'
+    )
+    assert check_header(literal, orjson.loads(literal)).from_ == "user://d/a"
