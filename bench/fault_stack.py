@@ -115,6 +115,7 @@ class Database:
         assert self.proxy is not None, "a PostgreSQL outage needs Database(outages=True)"
         import psycopg
 
+        refused_before = self.proxy.refused
         self.proxy.refusing = True
         try:
             async with await psycopg.AsyncConnection.connect(
@@ -131,7 +132,7 @@ class Database:
             await asyncio.sleep(seconds)
         finally:
             self.proxy.refusing = False
-        refused = self.proxy.refused
+        refused = self.proxy.refused - refused_before
         how = f"{ended} connections ended, {cut} cut, {refused} refused over {seconds}s"
         return ended + cut > 0, how
 
