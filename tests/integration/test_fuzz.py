@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,9 +161,33 @@ class Arena:
         self.pings += 1
         tag = f"ping-{self.pings}"
         await self.alice.send({"id": tag, "type": "ping", "from": self.a, "to": self.b})
-        async with asyncio.timeout(10):
-            while (await self.bob.receive(10)).get("id") != tag:
-                pass  # what the attacker sent bob meanwhile
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(10):
+                await self._ping_arrives(tag)
+        except TimeoutError:
+            raise AssertionError(await self._stall_report(tag, started)) from None
+
+    async def _ping_arrives(self, tag: str) -> None:
+        assert self.bob is not None
+        while (await self.bob.receive(60)).get("id") != tag:
+            pass  # what the attacker sent bob meanwhile
+
+    async def _stall_report(self, tag: str, started: float) -> str:
+        """Late or lost, and in what state the pair was: what a stall needs to be explained."""
+        assert self.alice is not None and self.bob is not None
+        try:
+            async with asyncio.timeout(50):
+                await self._ping_arrives(tag)
+            fate = f"arrived late, after {time.monotonic() - started:.1f} s"
+        except TimeoutError:
+            fate = "never arrived within 60 s"
+        alice, bob = self.alice, self.bob
+        return (
+            f"honest {tag} {fate}; alice closed={alice.ws is None or alice.ws.closed}"
+            f" (code {alice.close_code}), unacked={len(alice.unacked)};"
+            f" bob closed={bob.ws is None or bob.ws.closed} (code {bob.close_code})"
+        )
 
     async def restart(self) -> None:
         """Stop and start the node on the same database: what it stored must load."""
