@@ -327,7 +327,7 @@ class Node:
         cfg = self.config
         services = ServiceDirectory(cfg.domain)
         on_quota = self._quota_refused
-        allocation = AllocationService(
+        self.allocation = allocation = AllocationService(
             cfg.domain,
             self.table,
             self.routes,
@@ -487,6 +487,10 @@ class Node:
             self._tokens.secret = await self._secrets.get_or_create(
                 "session-tokens", lambda: secrets.token_urlsafe(32)
             )
+        # Addresses of numbered requests are named by it: the same across restarts.
+        self.allocation.secret = bytes.fromhex(
+            await self._secrets.get_or_create("allocation-names", lambda: secrets.token_hex(32))
+        )
         epoch = await self._checkpoints.next_start()
         self.publisher.begin(epoch)
         marks = await self._checkpoints.marks()

@@ -361,9 +361,11 @@ class Ingress:
         self, service: MnService, attachment: Attachment, message: Message, pending: Pending | None
     ) -> bool:
         session = attachment.session
+        upstream = attachment.upstream
+        request = f"{upstream.origin}#{pending.seq}" if upstream and pending else None
         try:
             reply = await service.handle(
-                message, Requester(session.id, session.runtime_url, session.identity)
+                message, Requester(session.id, session.runtime_url, session.identity, request)
             )
         except Exception:
             log.exception("MN service failed", to=message.to_first, type=message.type)

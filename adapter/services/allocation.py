@@ -7,11 +7,19 @@ endpoint the requested scheme or `hyperty`. An `allocationKey` names the block, 
 `childrenResources` (nested lists are flattened). Only the requester's own allocations are
 removed: naming another runtime's address is refused (403), a delete naming nothing is a 400,
 naming unknown things a 200. A session holds at most its quota of addresses (429 beyond).
+
+A numbered request (the acknowledged protocol) may come again after the node was killed between
+allocating and acknowledging it. Its addresses are therefore derived from the request's name
+with a keyed hash (unguessable without the node's secret, as random ones): run again, the same
+request names the same addresses, finds them already its session's, and gets the same answer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +54,9 @@ class AllocationService:
         self._max_block = max_block
         self._quota = quota
         self._on_quota = on_quota
+        # Keys the addresses of numbered requests; the node sets one kept in its database, so
+        # that a request run again after a restart names the same addresses.
+        self.secret = secrets.token_bytes(32)
 
     async def handle(self, message: Message, requester: Requester) -> ServiceReply:
         endpoint = message.to_first.rsplit("/", 1)[-1]
@@ -88,17 +99,26 @@ class AllocationService:
             not isinstance(key, str) or not key or len(key.encode()) > MAX_ADDRESS_BYTES
         ):
             return ServiceReply(400, desc="body.value.allocationKey must be a non-empty string")
+        addresses = [f"{scheme}://{self._domain}/{self._name(who, i)}" for i in range(number)]
+        if who.request is not None and self._table.allocated_owner(addresses[0]) == who.session_id:
+            # This very request ran before the node's restart: same answer, nothing more held.
+            return ServiceReply(200, value={"allocated": addresses}, affected=0)
         held = self._table.holdings(who.session_id).addresses
         if held + number > self._quota:
             self._on_quota("addresses")
             return ServiceReply(
                 429, desc=f"a runtime may hold at most {self._quota} addresses ({held} held)"
             )
-        addresses = [f"{scheme}://{self._domain}/{uuid.uuid4()}" for _ in range(number)]
         # Durable before the runtime hears of it.
         await self._store.add_allocations(who.session_id, addresses, scheme, key)
         self._table.add_allocations(who.session_id, addresses, key)
         return ServiceReply(200, value={"allocated": addresses}, affected=len(addresses))
+
+    def _name(self, who: Requester, index: int) -> uuid.UUID:
+        if who.request is None:
+            return uuid.uuid4()
+        digest = hmac.new(self.secret, f"{who.request}/{index}".encode(), hashlib.sha256)
+        return uuid.UUID(bytes=digest.digest()[:16], version=4)
 
     async def _delete(self, body: dict[str, Any], who: Requester) -> ServiceReply:
         resource = body.get("resource")

@@ -36,6 +36,9 @@ class Requester:
     runtime_url: str
     # What the runtime proved at its handshake; None when the node did not check.
     identity: Identity | None = None
+    # The request's own name when its stub numbers its messages (``<origin>#<seq>``): the same
+    # for the request sent again after a restart of the node, which may have run it already.
+    request: str | None = None
 
 
 class MnService(Protocol):

@@ -177,6 +177,39 @@ async def test_a_request_answered_just_before_a_graceful_stop_is_not_executed_ag
         await rt.close()
 
 
+async def test_a_request_sent_again_after_the_node_went_down_gets_the_same_answer(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """The node allocated, answered, and went down before its stub heard the request
+    acknowledged (a SIGKILL, or a socket cut first): the stub sends the request again to the
+    next run, which must not allocate a second block (issue 23, item 7)."""
+    url = await databases.migrated_sqlite()
+    node = await start_node(url)
+    rt = PyRuntime(stub_url(node), f"runtime://{D}/killed-mid-request", acked=True)
+    await rt.connect()
+    try:
+        rt.hold_acks = True  # the answer unsettled: the request is not acknowledged yet
+        first = await rt.request(
+            f"domain://msg-node.{D}/hyperty-address-allocation", "create", {"value": {"number": 2}}
+        )
+        assert first["body"]["code"] == 200, first
+        assert rt.unacked, "the request was acknowledged before its answer was settled"
+        await rt.drop()  # the acknowledgement can no longer reach the stub
+        await node.stop()
+        node = await start_node(url)
+        rt.stub_url = stub_url(node)
+        rt.hold_acks = False
+        await rt.connect()  # sends the request again
+        again = await rt.receive(10)
+        assert again["id"] == first["id"] and again["body"]["code"] == 200, again
+        assert again["body"]["value"] == first["body"]["value"]
+        session = node.sessions.by_runtime(rt.runtime_url)
+        assert session is not None
+        assert node.table.holdings(session.id).addresses == 2
+    finally:
+        await rt.close()
+
+
 async def test_homeserver_restart_mid_stream_loses_nothing(
     homeserver: Homeserver, start_node: NodeFactory, databases: Databases
 ) -> None:

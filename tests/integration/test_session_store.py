@@ -67,3 +67,32 @@ async def test_state_changes_are_stored_as_the_schema_spells_them(db: Database) 
     await store.set_state(first, SessionState.DETACHED)
     rows = {r.id: r for r in await store.all()}
     assert rows[first].protected and rows[second].protected
+
+
+async def test_a_deleted_session_takes_what_it_owned_and_nothing_else(db: Database) -> None:
+    store = SessionStore(db)
+    gone = await store.create(
+        "runtime://example.com/gone", "@_rethink_g:example.com", "kg", True, None
+    )
+    kept = await store.create(
+        "runtime://example.com/kept", "@_rethink_k:example.com", "kk", True, None
+    )
+    insert = text(
+        "INSERT INTO allocations (address, scheme, session_id, created_at)"
+        " VALUES (:address, 'hyperty', :session, CURRENT_TIMESTAMP)"
+    )
+    await db.run(
+        lambda c: c.execute(insert, {"address": "hyperty://example.com/g", "session": gone})
+    )
+    await db.run(
+        lambda c: c.execute(insert, {"address": "hyperty://example.com/k", "session": kept})
+    )
+    await store.delete(gone)
+    assert {r.id for r in await store.all()} >= {kept} and gone not in {
+        r.id for r in await store.all()
+    }
+    owners = await db.run(
+        lambda c: dict(c.execute(text("SELECT address, session_id FROM allocations")).all())
+    )
+    assert owners.get("hyperty://example.com/k") == kept
+    assert "hyperty://example.com/g" not in owners
