@@ -309,6 +309,7 @@ def _make_node_files_private(config_path: Path, config: NodeConfig) -> None:
 
 
 async def _run(config_path: Path, config: NodeConfig) -> int:
+    from .heap import freeze_start_up_objects
     from .node import Node
     from .observability import configure_logging
     from .storage import migrate
@@ -328,6 +329,7 @@ async def _run(config_path: Path, config: NodeConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     node = Node(config)
     await node.start()
+    freeze_start_up_objects()
     try:
         await stop.wait()
     finally:

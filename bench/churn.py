@@ -219,19 +219,21 @@ async def sample(
 
 def histogram(text: str, name: str, **where: str) -> dict[str, Any] | None:
     """A histogram of the node's /metrics (summed over its labels, those in ``where`` only
-    with these values): how many observations,
-    how many above 100 and 250 ms, and the bucket bounds that hold the median and the 99th
-    percentile."""
+    with these values): how many observations, their mean, how many above 100 and 250 ms, and
+    the bucket bounds that hold the median and the 99th percentile."""
     buckets: dict[float, float] = {}
+    total = 0.0
     for family in text_string_to_metric_families(text):
         if family.name != name:
             continue
         for sample in family.samples:
-            if sample.name == f"{name}_bucket" and all(
-                sample.labels.get(k) == v for k, v in where.items()
-            ):
+            if not all(sample.labels.get(k) == v for k, v in where.items()):
+                continue
+            if sample.name == f"{name}_bucket":
                 le = float(sample.labels["le"])
                 buckets[le] = buckets.get(le, 0.0) + sample.value
+            elif sample.name == f"{name}_sum":
+                total += sample.value
     if not buckets or not buckets[float("inf")]:
         return None
     n = buckets[float("inf")]
@@ -241,6 +243,7 @@ def histogram(text: str, name: str, **where: str) -> dict[str, Any] | None:
 
     return {
         "n": int(n),
+        "mean_ms": round(total / n * 1000, 1),
         "over_100ms": int(n - buckets[0.1]),
         "over_250ms": int(n - buckets[0.25]),
         "p50_at_most_ms": bound(0.5) * 1000,

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from ..config import NodeConfig, load_config
 from ..configfile import generate_registration, write_registration
+from ..heap import freeze_start_up_objects
 from ..node import Node
 from ..private_files import describe, private_dir, tighten_all, tighten_tree
 from ..storage import migrate
@@ -156,6 +157,7 @@ async def up(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> 
         await migrate.upgrade(config.database.url)
         node = Node(config)
         await node.start()
+        freeze_start_up_objects()
         say(
             "ready:\n"
             f"  runtimes connect to  ws://{config.stub.listen.host}:{node.stub_port}/stub/connect\n"
@@ -263,6 +265,7 @@ async def up_two_domains(state_dir: Path, say: Callable[[str], None]) -> int:
             node = Node(config)
             await node.start()
             nodes.append(node)
+        freeze_start_up_objects()
         a, b = nodes
         demo = (
             f"http://127.0.0.1:{a.stub_port}/demo?peer="
