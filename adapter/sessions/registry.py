@@ -32,6 +32,10 @@ from .upstream import Upstream
 log = structlog.get_logger(__name__)
 
 
+# How long a `disconnect` keeps trying to release its session while the database fails.
+RELEASE_RETRY_SECONDS = 60.0
+
+
 class SessionRefused(Exception):
     """A connection may not have this runtime's session (answer 401)."""
 
@@ -405,8 +409,21 @@ class SessionRegistry:
         async with self._serial.line(attachment.session.runtime_url):
             if not attachment.current:
                 return False
-            await self._release(attachment.session)
-            return True
+            # The stub has let the session go (its token dropped): if the database is away, the
+            # release is tried again rather than left to the session's lifetime, during which a
+            # tokenless connect of the runtime would be refused. Its next connect waits here.
+            waited, delay = 0.0, 0.25
+            while True:
+                try:
+                    await self._release(attachment.session)
+                    return True
+                except Exception as exc:
+                    if waited >= RELEASE_RETRY_SECONDS:
+                        raise
+                    log.warning("releasing a session failed; retrying", error=repr(exc))
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 5.0)
 
     async def release(self, session: Session) -> None:
         """`disconnect`, or expiry: forget the session and everything it owned. A connection
@@ -417,6 +434,10 @@ class SessionRegistry:
     async def _release(self, session: Session) -> None:
         if session.released:
             return
+        # The row first: if the database refuses, the session stays whole (its caller hears of
+        # it and the stub resumes) rather than gone from memory while its row, still holding
+        # the runtimeURL, refuses every new session of that runtime.
+        await self._rows.delete(session.id)
         session.released = True
         self._detached.pop(session.id, None)
         if session.attachment is not None:
@@ -430,7 +451,6 @@ class SessionRegistry:
         self._lifecycle.retire(session.origins())
         if unreceived:
             self._on_unreceived(unreceived)
-        await self._rows.delete(session.id)
 
     def _evict_beyond_bound(self) -> None:
         while len(self._detached) > self._max_detached:
@@ -442,7 +462,12 @@ class SessionRegistry:
     async def _release_if_detached(self, session: Session) -> None:
         async with self._serial.line(session.runtime_url):
             if session.attachment is None:
-                await self._release(session)
+                try:
+                    await self._release(session)
+                except Exception:  # the database away: kept, the next expiry round retries
+                    log.exception("releasing a session failed", runtime=session.runtime_url)
+                    self._detached[session.id] = session
+                    self._detached.move_to_end(session.id, last=False)
 
     async def expire(self) -> int:
         """Release sessions detached for longer than the configured lifetime."""

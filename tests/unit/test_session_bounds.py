@@ -9,6 +9,9 @@ import asyncio
 import itertools
 from typing import Any
 
+import pytest
+
+from adapter.sessions import registry as registry_module
 from adapter.sessions.registry import Lifecycle, SessionRegistry
 from adapter.sessions.serial import Serial
 from adapter.sessions.session import AckHello
@@ -119,6 +122,66 @@ async def test_a_connect_racing_a_release_gets_a_new_session_and_no_error() -> N
         assert released == (again.session is not attachment.session)
         await sessions.release(again.session)
     assert len(sessions._serial) == 0  # no line is kept once nobody uses it
+
+
+async def test_a_disconnect_the_database_refuses_for_a_while_still_releases() -> None:
+    """The stub dropped its token with its `disconnect`: the release is tried again while the
+    database is away; the runtime's next connect waits for it and gets a new session."""
+    sessions, _ = registry()
+    rows: Any = sessions._rows
+    attachment = await sessions.attach("runtime://d/db", Link(), None, None)
+
+    async def refuse(_session_id: int) -> None:
+        raise OSError("the database is away")
+
+    rows.delete = refuse
+    leaving = asyncio.create_task(sessions.disconnect(attachment))
+    await asyncio.sleep(0.3)
+    assert not leaving.done() and not attachment.session.released
+    coming_back = asyncio.create_task(sessions.attach("runtime://d/db", Link(), None, None))
+    await asyncio.sleep(0.1)
+    assert not coming_back.done(), "a connect must wait for the release it would race"
+    del rows.delete  # the database is back
+    assert await leaving
+    again = await coming_back
+    assert again.session is not attachment.session and attachment.session.released
+
+
+async def test_a_release_the_database_keeps_refusing_leaves_the_session_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry_module, "RELEASE_RETRY_SECONDS", 0.0)
+    sessions, _ = registry()
+    rows: Any = sessions._rows
+    attachment = await sessions.attach("runtime://d/db", Link(), None, None)
+
+    async def refuse(_session_id: int) -> None:
+        raise OSError("the database is away")
+
+    rows.delete = refuse
+    with pytest.raises(OSError):
+        await sessions.disconnect(attachment)
+    # Whole, not half gone (out of memory while its row still holds the runtimeURL): expiry
+    # releases it later.
+    assert not attachment.session.released
+    assert sessions.by_runtime("runtime://d/db") is attachment.session
+
+
+async def test_an_expiry_the_database_refuses_is_tried_again_at_the_next_round() -> None:
+    sessions, _ = registry()
+    sessions._ttl = 0
+    rows: Any = sessions._rows
+    await sessions.detach(await sessions.attach("runtime://d/old", Link(), None, None))
+
+    async def refuse(_session_id: int) -> None:
+        raise OSError("the database is away")
+
+    rows.delete = refuse
+    await sessions.expire()
+    assert sessions.by_runtime("runtime://d/old") is not None
+    del rows.delete
+    await sessions.expire()
+    assert sessions.by_runtime("runtime://d/old") is None and rows.by_runtime == {}
 
 
 async def test_a_line_is_gone_once_nobody_holds_or_waits_for_it() -> None:
