@@ -49,6 +49,11 @@ class Rows:
         return []
 
 
+async def database_away(_session_id: int) -> None:
+    """A session delete while the database is unavailable."""
+    raise OSError("the database is away")
+
+
 class Link:
     peer = "test"
     open = True
@@ -131,10 +136,7 @@ async def test_a_disconnect_the_database_refuses_for_a_while_still_releases() ->
     rows: Any = sessions._rows
     attachment = await sessions.attach("runtime://d/db", Link(), None, None)
 
-    async def refuse(_session_id: int) -> None:
-        raise OSError("the database is away")
-
-    rows.delete = refuse
+    rows.delete = database_away
     leaving = asyncio.create_task(sessions.disconnect(attachment))
     await asyncio.sleep(0.3)
     assert not leaving.done() and not attachment.session.released
@@ -155,10 +157,7 @@ async def test_a_release_the_database_keeps_refusing_leaves_the_session_whole(
     rows: Any = sessions._rows
     attachment = await sessions.attach("runtime://d/db", Link(), None, None)
 
-    async def refuse(_session_id: int) -> None:
-        raise OSError("the database is away")
-
-    rows.delete = refuse
+    rows.delete = database_away
     with pytest.raises(OSError):
         await sessions.disconnect(attachment)
     # Whole, not half gone (out of memory while its row still holds the runtimeURL): expiry
@@ -173,10 +172,7 @@ async def test_an_expiry_the_database_refuses_is_tried_again_at_the_next_round()
     rows: Any = sessions._rows
     await sessions.detach(await sessions.attach("runtime://d/old", Link(), None, None))
 
-    async def refuse(_session_id: int) -> None:
-        raise OSError("the database is away")
-
-    rows.delete = refuse
+    rows.delete = database_away
     await sessions.expire()
     assert sessions.by_runtime("runtime://d/old") is not None
     del rows.delete
