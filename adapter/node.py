@@ -208,6 +208,8 @@ class Node:
                 self._stream_limits(),
                 self._traffic,
                 self._bounce.refused,
+                cfg.federation.flow_window_events,
+                cfg.federation.flow_max_hold_seconds,
             )
         self.publisher = Publisher(
             self.outboxes,
@@ -265,6 +267,8 @@ class Node:
         if self.peer_feeds is not None:
             self.inbound.subscribe("m.room.member", self.peer_feeds.on_member_events)
             self.inbound.subscribe(carrier.BATCH_EVENT, self.peer_feeds.on_batch_events)
+        if self.federation is not None:
+            self.inbound.subscribe_ephemeral("m.receipt", self.federation.on_receipts)
         self.stub_endpoint = StubEndpoint(
             cfg.stub,
             cfg.domain,

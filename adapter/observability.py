@@ -210,6 +210,20 @@ class NodeMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.peer_paced = Counter(
+            "rethink_mn_peer_paced_total",
+            "Times the next event to a peer domain waited because its node had not confirmed "
+            "the events in flight (flow control), by how the wait ended: confirmed, or max_hold "
+            "(it left without a confirmation).",
+            ["peer", "outcome"],
+            registry=registry,
+        )
+        self.peer_unconfirmed = Gauge(
+            "rethink_mn_peer_unconfirmed_events",
+            "Events sent to a peer domain that its node has not yet confirmed handling.",
+            ["peer"],
+            registry=registry,
+        )
         self.route_seconds = Histogram(
             "rethink_mn_route_seconds",
             "From a message's arrival at the node to its delivery to the destination stub.",

@@ -138,6 +138,12 @@ class Intent:
             raise MatrixError(200, "M_BAD_RESPONSE", str(response), "send")
         return str(response.event_id)
 
+    async def send_receipt(self, room_id: str, event_id: str) -> None:
+        """Mark ``event_id`` and everything before it in the room as read (``m.read``, not
+        threaded): the receipt travels to the room's other servers and their appservices."""
+        path = f"/_matrix/client/v3/rooms/{_quote(room_id)}/receipt/m.read/{_quote(event_id)}"
+        await self._request("POST", path, "receipt", json_body={})
+
     async def upload(self, data: bytes, content_type: str, filename: str | None = None) -> str:
         """Store bytes in the media repository; returns the mxc:// URI."""
         await self.ensure_registered()

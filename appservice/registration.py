@@ -21,11 +21,13 @@ def build_registration(
     user_prefix: str,
     alias_prefix: str,
     server_name: str,
+    receive_ephemeral: bool = True,
 ) -> dict[str, Any]:
     """A Synapse registration: exclusive user and alias namespaces, no rate limiting.
 
     Rate limits are off because every runtime's traffic is sent by the appservice; the node
-    applies its own limits at the stub endpoint.
+    applies its own limits at the stub endpoint. Ephemeral events are on for read receipts: a
+    peer domain's node confirms with them what it has handled (flow control between domains).
     """
     server = re.escape(server_name)
     return {
@@ -35,7 +37,7 @@ def build_registration(
         "hs_token": hs_token,
         "sender_localpart": sender_localpart,
         "rate_limited": False,
-        "receive_ephemeral": False,
+        "receive_ephemeral": receive_ephemeral,
         "namespaces": {
             "users": [{"exclusive": True, "regex": f"@{re.escape(user_prefix)}.*:{server}"}],
             "aliases": [{"exclusive": True, "regex": f"#{re.escape(alias_prefix)}.*:{server}"}],

@@ -24,11 +24,16 @@ from .metrics import AppserviceMetrics
 log = logging.getLogger(__name__)
 
 PREFIX = "/_matrix/app/v1"
+UNSTABLE_EPHEMERAL = "de.sorunome.msc2409.ephemeral"
 
 
 class TransactionHandler(Protocol):
     async def handle_events(self, txn_id: str, events: list[dict[str, Any]]) -> None:
         """Process the events of one transaction. Must not raise for one bad event."""
+
+    async def handle_ephemeral(self, txn_id: str, events: list[dict[str, Any]]) -> None:
+        """Take a transaction's ephemeral events (receipts, typing): taken again if the
+        transaction comes again, never a reason to fail it."""
 
 
 class TransactionStore(Protocol):
@@ -125,9 +130,20 @@ class AppserviceServer:
             self._count("transactions", "bad_json")
             return matrix_error(400, "M_BAD_JSON", "transaction body must be a JSON object")
         events = parsed.get("events", [])
-        if not isinstance(events, list):
+        # MSC2409's unstable name, still sent beside the stable one by older homeservers.
+        ephemeral = parsed.get("ephemeral", parsed.get(UNSTABLE_EPHEMERAL, []))
+        if not isinstance(events, list) or not isinstance(ephemeral, list):
             self._count("transactions", "bad_json")
-            return matrix_error(400, "M_BAD_JSON", "'events' must be a list")
+            return matrix_error(400, "M_BAD_JSON", "'events' and 'ephemeral' must be lists")
+        if ephemeral:
+            await self._handler.handle_ephemeral(
+                txn_id, [e for e in ephemeral if isinstance(e, dict)]
+            )
+            if not events:
+                # Nothing to store: ephemeral events are taken again if the transaction comes
+                # again, and a row per receipt would cost a write each.
+                self._count("transactions", "ephemeral")
+                return web.json_response({})
 
         key = transaction_key(txn_id, events)
         while (running := self._in_flight.get(key)) is not None:

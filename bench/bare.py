@@ -82,6 +82,7 @@ class BarePipeline:
             user_prefix="_bare_",
             alias_prefix="_bare_",
             server_name=self.server_name,
+            receive_ephemeral=False,
         )
 
     async def handle_events(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
@@ -92,6 +93,9 @@ class BarePipeline:
                 self.arrivals.setdefault(int(content["seq"]), now)
         if len(self.arrivals) >= self._wanted:
             self._done.set()
+
+    async def handle_ephemeral(self, _txn_id: str, _events: list[dict[str, Any]]) -> None:
+        """None are asked for (the registration's receive_ephemeral is off)."""
 
     async def __aenter__(self) -> BarePipeline:
         app = web.Application(client_max_size=64 * 1024 * 1024)

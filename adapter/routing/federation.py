@@ -27,6 +27,7 @@ from appservice.intent import Intent
 from .. import carrier
 from ..carrier import LaneEncoder
 from ..observability import NodeMetrics
+from .flow import PeerPace
 from .lanes import Outgoing, StreamOutbox
 from .peers import Peer, Peers
 from .rooms import RoomDirectory
@@ -60,6 +61,7 @@ class PeerLink(StreamOutbox):
         metrics: NodeMetrics,
         limits: StreamLimits,
         traffic: Traffic,
+        pace: PeerPace,
         on_refused: OnRefused | None = None,
     ) -> None:
         self.peer = peer
@@ -67,6 +69,8 @@ class PeerLink(StreamOutbox):
         self._bot = bot
         self.ready = asyncio.Event()
         self._n = 0
+        self.pace = pace
+        self.room_id: str | None = None  # this node's room for the peer, once known
         self.stream: BatchStream[Outgoing] = BatchStream(
             f"to-{peer.domain}",
             LaneEncoder(),
@@ -78,17 +82,20 @@ class PeerLink(StreamOutbox):
             traffic=traffic,
             ready=self.ready,
             on_refused=on_refused,
+            pace=pace.pace,
         )
 
     def _header(self) -> dict[str, Any]:
         return {"n": self._n + 1}
 
     async def _target(self, refresh: bool) -> tuple[Intent, str]:
-        return await self._rooms.to_peer(self.peer.domain, self.peer.bot, refresh)
+        intent, self.room_id = await self._rooms.to_peer(self.peer.domain, self.peer.bot, refresh)
+        return intent, self.room_id
 
-    def _on_sent(self, batch: list[Outgoing], _event_id: str) -> None:
+    def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
         # Persisted on this node's homeserver: federation takes it from here, retrying.
         self._n += 1
+        self.pace.sent(self._n, event_id)
         for item in batch:
             item.done()
 
@@ -106,6 +113,7 @@ class PeerLink(StreamOutbox):
                     event_filter={"types": [carrier.BATCH_EVENT], "senders": [self._bot.user_id]},
                 )
                 self._n = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
+                self.pace.start_at(self._n)
                 break
             except asyncio.CancelledError:
                 raise
@@ -149,6 +157,8 @@ class Federation:
         limits: StreamLimits,
         traffic: Traffic,
         on_refused: OnRefused | None = None,
+        flow_window: int = 0,
+        flow_max_hold: float = 1.0,
     ) -> None:
         self.peers = peers
         self._rooms = rooms
@@ -157,6 +167,7 @@ class Federation:
         self._limits = limits
         self._traffic = traffic
         self._on_refused = on_refused
+        self._flow = (flow_window, flow_max_hold)
         self._links: dict[str, PeerLink] = {}
         self._starting: set[asyncio.Task[None]] = set()
 
@@ -174,12 +185,29 @@ class Federation:
                     self._metrics,
                     self._limits,
                     self._traffic,
+                    PeerPace(domain, *self._flow, self._metrics),
                     self._on_refused,
                 )
                 task = asyncio.create_task(link.start(), name=f"peer-link-{domain}")
                 self._starting.add(task)
                 task.add_done_callback(self._starting.discard)
         return link
+
+    async def on_receipts(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
+        """Read receipts pushed by the homeserver: a peer node's, in this node's room for it,
+        confirm the events it has handled (flow.py). Every other receipt is none of ours."""
+        for event in events:
+            content = event.get("content")
+            link = self._link_in(event.get("room_id"))
+            if link is None or not isinstance(content, dict):
+                continue
+            for event_id, kinds in content.items():
+                readers = kinds.get("m.read") if isinstance(kinds, dict) else None
+                if isinstance(readers, dict) and link.peer.bot in readers:
+                    link.pace.confirmed(event_id)
+
+    def _link_in(self, room_id: object) -> PeerLink | None:
+        return next((link for link in self._links.values() if link.room_id == room_id), None)
 
     async def flush(self, timeout: float) -> None:
         await asyncio.gather(*(link.stream.flush(timeout) for link in self._links.values()))

@@ -38,6 +38,7 @@ EventConsumer = Callable[[str, list[dict[str, Any]]], Awaitable[None]]
 class InboundEvents:
     def __init__(self, metrics: NodeMetrics) -> None:
         self._consumers: dict[str, list[EventConsumer]] = {}
+        self._ephemeral: dict[str, EventConsumer] = {}
         self._metrics = metrics
         self._failed_attempts: OrderedDict[str, int] = OrderedDict()
 
@@ -48,6 +49,23 @@ class InboundEvents:
         database is unreachable) the transaction fails and the homeserver retries it; any other
         exception does the same MAX_ATTEMPTS times, then the group is given up."""
         self._consumers.setdefault(event_type, []).append(consumer)
+
+    def subscribe_ephemeral(self, event_type: str, consumer: EventConsumer) -> None:
+        """``consumer(txn_id, events)`` receives the ephemeral events of that type (receipts,
+        typing: nothing is stored or retried for them; a failure is only logged)."""
+        self._ephemeral[event_type] = consumer
+
+    async def handle_ephemeral(self, txn_id: str, events: list[dict[str, Any]]) -> None:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for event in events:
+            event_type = event.get("type")
+            if isinstance(event_type, str) and event_type in self._ephemeral:
+                groups.setdefault(event_type, []).append(event)
+        for event_type, group in groups.items():
+            try:
+                await self._ephemeral[event_type](txn_id, group)
+            except Exception:
+                log.exception("ephemeral event consumer failed", event_type=event_type)
 
     async def handle_events(self, txn_id: str, events: list[dict[str, Any]]) -> None:
         groups: dict[str, list[dict[str, Any]]] = {}

@@ -73,6 +73,8 @@ class PeerFeed:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None
+        self._confirmed: str | None = None  # the last event the peer was told is handled
+        self._confirming: asyncio.Task[None] | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -115,7 +117,7 @@ class PeerFeed:
         self.push([])
 
     async def close(self) -> None:
-        for task in (self._starting, self._task):
+        for task in (self._starting, self._task, self._confirming):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -277,7 +279,28 @@ class PeerFeed:
             if isinstance(event_id, str):
                 self._position = event_id
             delivered = True
+        if delivered and self._confirming is None:
+            self._confirming = asyncio.create_task(
+                self._confirm(), name=f"peer-feed-confirm-{self.peer.domain}"
+            )
         return delivered
+
+    async def _confirm(self) -> None:
+        """Tell the peer's node how far its events are handled: a read receipt on the last one,
+        which its flow control waits for (flow.py). One receipt in flight; the next one is for
+        whatever was handled meanwhile. A failed one is not retried: the next event handled
+        sends another, and the peer does not wait for ever without."""
+        try:
+            while self._position is not None and self._position != self._confirmed:
+                position = self._position
+                try:
+                    await self._bot.send_receipt(self.room_id, position)
+                except Exception as exc:  # noqa: BLE001 - advisory; see above
+                    log.info("confirming to a peer failed", peer=self.peer.domain, error=str(exc))
+                    return
+                self._confirmed = position
+        finally:
+            self._confirming = None
 
     async def _handle_with_retry(self, event: dict[str, Any]) -> None:
         """Handle one event; a failure (its media cannot be fetched, the database is away) is

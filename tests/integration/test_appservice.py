@@ -229,6 +229,46 @@ async def test_garbage_transactions_do_not_take_the_node_down(
 
 
 @pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
+async def test_ephemeral_events_are_taken_without_storing_the_transaction(
+    homeserver: Homeserver, start_node: NodeFactory, database_url: str
+) -> None:
+    node = await start_node(database_url)
+    receipts = Recorder()
+    node.inbound.subscribe_ephemeral("m.receipt", receipts)
+    pings = Recorder()
+    node.inbound.subscribe(EVENT_TYPE, pings)
+
+    async def exploding(_txn: str, _events: list[dict[str, Any]]) -> None:
+        raise ValueError("a consumer bug")
+
+    node.inbound.subscribe_ephemeral("m.typing", exploding)
+    token = homeserver.hs_token
+    receipt = {"type": "m.receipt", "room_id": "!r:x", "content": {"$e": {"m.read": {}}}}
+    typing = {"type": "m.typing", "room_id": "!r:x", "content": {"user_ids": []}}
+    async with aiohttp.ClientSession() as session:
+        # The stable name and MSC2409's unstable one; a consumer that fails fails nothing.
+        only = {"events": [], "ephemeral": [receipt, typing, "junk"]}
+        assert (await put_txn(session, node, "e1", only, token)).status == 200
+        unstable = {"de.sorunome.msc2409.ephemeral": [receipt]}
+        assert (await put_txn(session, node, "e2", unstable, token)).status == 200
+        # Ephemeral-only transactions are not stored: the same id again is taken again
+        # (a receipt twice is a receipt once).
+        assert (await put_txn(session, node, "e1", only, token)).status == 200
+        assert receipts.calls == 3
+        # Beside events: the events are deduplicated as ever.
+        both = {
+            "events": [{"type": EVENT_TYPE, "event_id": "$with-receipt", "content": {}}],
+            "ephemeral": [receipt],
+        }
+        assert (await put_txn(session, node, "e3", both, token)).status == 200
+        assert (await put_txn(session, node, "e3", both, token)).status == 200
+        assert pings.calls == 1
+        assert receipts.calls == 5
+        bad = {"events": [], "ephemeral": {"not": "a list"}}
+        assert (await put_txn(session, node, "e4", bad, token)).status == 400
+
+
+@pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
 async def test_user_and_room_queries(
     homeserver: Homeserver, start_node: NodeFactory, database_url: str
 ) -> None:

@@ -4,6 +4,9 @@ trapezoid runtime A → node A → Matrix federation → node B → runtime B, e
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +33,22 @@ class Domains:
         return f"ws://127.0.0.1:{node.stub_port}/stub/connect"
 
 
+# Short, so that the test of a peer that stops confirming takes seconds.
+MAX_HOLD = 0.5
+WINDOW = 4
+
+
 async def start(side: FederatedHomeserver, peer: FederatedHomeserver, databases: Databases) -> Node:
     url = databases.sqlite()
     await migrate.upgrade(url)
     node = Node(
         side.node_config(
-            url, **{"federation.peers": {peer.domain: {"server_name": peer.server_name}}}
+            url,
+            **{
+                "federation.peers": {peer.domain: {"server_name": peer.server_name}},
+                "federation.flow_window_events": WINDOW,
+                "federation.flow_max_hold_seconds": MAX_HOLD,
+            },
         )
     )
     await node.start()
@@ -198,6 +211,68 @@ async def test_b_homeserver_restart_mid_stream_loses_nothing(
         assert first + rest == list(range(total))
         assert await bob.nothing_within(1.0) and bob.duplicates == 0
     finally:
+        await alice.close()
+        await bob.close()
+
+
+async def test_a_far_side_that_falls_behind_gets_fewer_larger_events_and_everything(
+    domains: Domains, federation: Federation
+) -> None:
+    """Flow control across domains: B's node confirms what it has handled (read receipts); when
+    it stops (its homeserver frozen, as a far side far behind), A keeps at most WINDOW events
+    unconfirmed and then one event per MAX_HOLD, carrying everything that waited. When B comes
+    back, every message arrives, in order, once."""
+    alice = await PyRuntime(domains.stub(domains.a), f"runtime://{A}/x-fast", acked=True).connect()
+    bob = await PyRuntime(domains.stub(domains.b), f"runtime://{B}/x-slow", acked=True).connect()
+    b_synapse = federation.b.process.pid
+    assert b_synapse is not None
+    frozen = False
+    try:
+        [a] = await alice.allocate(A)
+        [b] = await bob.allocate(B)
+        assert domains.a.federation is not None
+        link = await domains.a.federation.link(B)
+        # Light load: every message its own event, confirmed by B's node.
+        for i in range(5):
+            await alice.send(ping(i, a, b))
+            assert (await bob.receive(30))["body"]["n"] == i
+        async with asyncio.timeout(15):
+            while not link.pace.confirming or link.pace.in_flight:
+                await asyncio.sleep(0.05)
+
+        os.kill(b_synapse, signal.SIGSTOP)
+        frozen = True
+        before = link.pace.last_sent
+        started = time.monotonic()
+        total = 200
+        for i in range(5, total):
+            await alice.send(ping(i, a, b))
+            await asyncio.sleep(0.01)
+        async with asyncio.timeout(30):  # persisted on A's homeserver, paced
+            while alice.unacked:
+                await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - started
+        events = link.pace.last_sent - before
+        # Without flow control each of these messages left in an event of its own (A's
+        # homeserver answers within milliseconds; they were sent 10 ms apart).
+        assert events <= WINDOW + elapsed / MAX_HOLD + 2, (events, elapsed)
+        held = domains.a.metrics.peer_paced.labels(B, "max_hold")._value.get()
+        assert held >= 1
+
+        os.kill(b_synapse, signal.SIGCONT)
+        frozen = False
+        got = [m["body"]["n"] for m in await bob.receive_n(total - 5, 60)]
+        assert got == list(range(5, total))
+        assert await bob.nothing_within(1.0) and bob.duplicates == 0
+        # B confirms again: nothing is left unconfirmed, and a lone message leaves at once.
+        async with asyncio.timeout(15):
+            while link.pace.in_flight:
+                await asyncio.sleep(0.05)
+        await alice.send(ping(total, a, b))
+        assert (await bob.receive(10))["body"]["n"] == total
+    finally:
+        if frozen:
+            os.kill(b_synapse, signal.SIGCONT)
         await alice.close()
         await bob.close()
 

@@ -27,6 +27,7 @@ def test_registration_claims_exclusive_namespaces_without_rate_limits() -> None:
         server_name="example.org",
     )
     assert reg["rate_limited"] is False
+    assert reg["receive_ephemeral"] is True  # peer nodes' read receipts pace federation
     assert reg["sender_localpart"] == "_rethink_bot"
     users = reg["namespaces"]["users"]
     aliases = reg["namespaces"]["aliases"]
