@@ -218,6 +218,13 @@ class NodeMetrics:
             ["peer", "outcome"],
             registry=registry,
         )
+        self.peer_confirm_seconds = Histogram(
+            "rethink_mn_peer_confirm_seconds",
+            "From an event to a peer domain being persisted here to its node's confirmation "
+            "(read receipt) arriving: the round trip flow control waits on.",
+            registry=registry,
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10),
+        )
         self.peer_unconfirmed = Gauge(
             "rethink_mn_peer_unconfirmed_events",
             "Events sent to a peer domain that its node has not yet confirmed handling.",

@@ -69,6 +69,7 @@ class BarePipeline:
     arrivals: dict[int, float] = field(default_factory=dict)
     _wanted: int = 0
     _done: asyncio.Event = field(default_factory=asyncio.Event)
+    _run: int = 0  # which measurement the events sent now belong to
     # Where the events sent here are received (federate_to): another pipeline, or this one.
     _sink: BarePipeline | None = None
 
@@ -89,7 +90,12 @@ class BarePipeline:
         now = time.perf_counter()
         for event in events:
             content = event.get("content")
-            if event.get("type") == EVENT_TYPE and isinstance(content, dict):
+            if (
+                event.get("type") == EVENT_TYPE
+                and isinstance(content, dict)
+                # A homeserver far behind still pushes an earlier measurement's events.
+                and content.get("run") == self._run
+            ):
                 self.arrivals.setdefault(int(content["seq"]), now)
         if len(self.arrivals) >= self._wanted:
             self._done.set()
@@ -132,12 +138,15 @@ class BarePipeline:
         receiver = self._receiver
         receiver.arrivals = {}
         receiver._wanted = wanted
+        self._run = receiver._run = max(self._run, receiver._run) + 1
         receiver._done = asyncio.Event()
         return receiver
 
     async def _send(self, seq: int, body: str) -> float:
         started = time.perf_counter()
-        await self._intent.send_event(self._room, EVENT_TYPE, {"seq": seq, "body": body})
+        await self._intent.send_event(
+            self._room, EVENT_TYPE, {"seq": seq, "run": self._run, "body": body}
+        )
         return started
 
     async def messaging(
@@ -163,8 +172,11 @@ class BarePipeline:
             "lost": count - len(receiver.arrivals),
         }
 
-    async def latency(self, count: int, rate: float, size: int = 100) -> dict[str, Any]:
-        """One event every 1/rate s; send start to push received, per event."""
+    async def latency(
+        self, count: int, rate: float, size: int = 100, drain: float = 30.0
+    ) -> dict[str, Any]:
+        """One event every 1/rate s; send start to push received, per event. What has not
+        arrived ``drain`` seconds after the last send is lost."""
         receiver = self._reset(count)
         body = payload(size)
         sent: dict[int, float] = {}
@@ -175,9 +187,10 @@ class BarePipeline:
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
             sent[seq] = time.perf_counter()
             tasks.append(asyncio.create_task(self._send(seq, body)))
-        await asyncio.gather(*tasks)
+        # A send the homeserver did not answer in time (far behind) is a message not carried.
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(receiver._done.wait(), 30)
+            await asyncio.wait_for(receiver._done.wait(), drain)
         arrivals = receiver.arrivals
         # What never arrived counts as infinitely late: percentiles over arrivals alone flatter.
         latencies = sorted(

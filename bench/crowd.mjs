@@ -8,6 +8,9 @@
 //
 //   node bench/crowd.mjs '{"url":"ws://…/stub/connect","senders":200,"shard":0,"shards":1,…}'
 //
+// With "peer": {"url", "domain"}, the receivers are runtimes of that other domain, connected to
+// its node: every message crosses from one domain to the other (bench/domains.py).
+//
 // The orchestrator drives the timeline over stdin, so that several driver processes start
 // together (times are wall-clock epoch milliseconds, converted once to this process's clock):
 //   setup <epoch>   every runtime connects, allocates and each sender sends a first message;
@@ -23,7 +26,7 @@ import WebSocket from 'ws';
 
 const spec = JSON.parse(process.argv[2]);
 const DOMAIN = spec.domain ?? 'localhost';
-const MN = `domain://msg-node.${DOMAIN}`;
+const RECEIVERS = spec.peer ?? { url: spec.url, domain: DOMAIN };
 const N = spec.senders;
 const SHARD = spec.shard ?? 0;
 const SHARDS = spec.shards ?? 1;
@@ -61,9 +64,10 @@ function sleepUntil(perfMs) {
 let nextId = 1;
 
 class Runtime {
-  constructor(name) {
-    this.runtimeURL = `runtime://${DOMAIN}/${name}`;
-    this.stubAddress = `hyperty-runtime://${DOMAIN}/${name}/protostub`;
+  constructor(name, domain = DOMAIN) {
+    this.runtimeURL = `runtime://${domain}/${name}`;
+    this.stubAddress = `hyperty-runtime://${domain}/${name}/protostub`;
+    this.allocation = `domain://msg-node.${domain}/hyperty-address-allocation`;
     this.pending = new Map();
     this.onData = null; // (text) => void, for frames that are not answers to a request
   }
@@ -107,7 +111,7 @@ class Runtime {
       });
       this.ws.send(JSON.stringify({
         id, type: 'create', from: `${this.stubAddress}/registry/allocation`,
-        to: `${MN}/hyperty-address-allocation`, body: { scheme: 'hyperty', value: { number: 1 } },
+        to: this.allocation, body: { scheme: 'hyperty', value: { number: 1 } },
       }));
     });
     if (answer.body?.code !== 200) throw new Error(`allocation failed: ${JSON.stringify(answer.body)}`);
@@ -125,7 +129,7 @@ const ROUNDS = Math.ceil(((WARMUP_MS + DURATION_MS) / 1000) * RATE) + 1;
 const pairs = globalIndex.map((g) => ({
   g,
   sender: new Runtime(`crowd-${TAG}-s${g}`),
-  receiver: new Runtime(`crowd-${TAG}-r${g}`),
+  receiver: new Runtime(`crowd-${TAG}-r${g}`, RECEIVERS.domain),
   from: null,
   to: null,
   ok: false,
@@ -212,7 +216,7 @@ async function setup(startPerf) {
     try {
       const ready = Promise.all([
         pair.sender.open(spec.url).then(() => pair.sender.allocate()),
-        pair.receiver.open(spec.url).then(() => pair.receiver.allocate()),
+        pair.receiver.open(RECEIVERS.url).then(() => pair.receiver.allocate()),
       ]);
       const outcome = await Promise.race([ready, tooLate]);
       if (outcome === 'late') {

@@ -206,8 +206,18 @@ class CpuWindow:
 class Drivers:
     """The cell's driver processes (bench/crowd.mjs), each owning whole pairs."""
 
-    def __init__(self, cell: Cell, url: str, domain: str, tag: str, log_dir: Path) -> None:
+    def __init__(
+        self,
+        cell: Cell,
+        url: str,
+        domain: str,
+        tag: str,
+        log_dir: Path,
+        peer: dict[str, str] | None = None,
+    ) -> None:
         self.cell, self.url, self.domain, self.tag, self.log_dir = cell, url, domain, tag, log_dir
+        # The receivers' stub URL and domain when they are another domain's runtimes.
+        self.peer = peer
         self.procs: list[asyncio.subprocess.Process] = []
         self._logs: list[Any] = []
 
@@ -227,6 +237,8 @@ class Drivers:
                 "setupTimeoutS": self.cell.setup_limit,
                 "tag": self.tag,
             }
+            if self.peer is not None:
+                spec["peer"] = self.peer
             log = (self.log_dir / f"crowd-driver-{self.tag}-{shard}.log").open("w")
             self._logs.append(log)
             self.procs.append(
@@ -317,6 +329,14 @@ async def node_counters(metrics_url: str | None) -> dict[str, float]:
                 "rethink_mn_homeserver_send_seconds_count",
             ):
                 found[sample.name.rsplit("_", 1)[-1]] = sample.value
+            elif sample.name in (
+                "rethink_mn_peer_confirm_seconds_sum",
+                "rethink_mn_peer_confirm_seconds_count",
+            ):
+                found["confirm_" + sample.name.rsplit("_", 1)[-1]] = sample.value
+            elif sample.name == "rethink_mn_peer_paced_total":
+                key = f"paced_{labels.get('outcome')}"
+                found[key] = found.get(key, 0.0) + sample.value
     return found
 
 
@@ -333,12 +353,20 @@ def carrier_figures(
 
     events = delta("events_inline") + delta("events_media")
     sends = delta("count")
-    return {
+    figures: dict[str, Any] = {
         "events_per_s": round(events / window, 1),
         "media_events_per_s": round(delta("events_media") / window, 1),
         "messages_per_event": round(delta("routed") / events, 1) if events else None,
         "send_ms_mean": round(1000 * delta("sum") / sends, 1) if sends else None,
     }
+    if confirmed := delta("confirm_count"):
+        # Toward a peer domain: its node's confirmations, and how often the next event waited.
+        figures["peer_confirm_ms_mean"] = round(1000 * delta("confirm_sum") / confirmed, 1)
+        figures["peer_paced_per_s"] = {
+            outcome: round(delta(f"paced_{outcome}") / window, 1)
+            for outcome in ("confirmed", "max_hold")
+        }
+    return figures
 
 
 async def run_cell(
@@ -353,11 +381,13 @@ async def run_cell(
     metrics_url: str | None = None,
     test: str | None = None,
     companion: Companion | None = None,
+    peer: dict[str, str] | None = None,
 ) -> None:
     """``companion(url, start_at, seconds)``, when given, runs beside the crowd from the start
-    of its warm-up to the end of its window; what it returns goes into the row."""
+    of its warm-up to the end of its window; what it returns goes into the row. With ``peer``
+    (``url``, ``domain``) the receivers are that domain's runtimes."""
     tag = f"{name}-{os.urandom(3).hex()}"
-    async with Drivers(cell, url, domain, tag, log_dir) as drivers:
+    async with Drivers(cell, url, domain, tag, log_dir, peer) as drivers:
         roots = {**pids, **{f"driver{i}": p.pid for i, p in enumerate(drivers.procs)}}
         # Everyone starts together: connect, allocate, first message.
         setup_at = time.time() + 0.3

@@ -15,6 +15,9 @@ reporter on B and subscribers on A) and, in the same run on the same stack, insi
 - ``fed_latency``: light-load latency, send → receive, p50 / p99;
 - ``fed_msg_<size>_<count>``: a burst from one runtime to another, first send → last receive,
   every message checked for arrival and order (median of the runs);
+- ``fed_crowd_<senders>x<rate>``: a crowd (bench/crowd.py's driver, raw v2 runtimes): senders on
+  A, each sending to its partner at a fixed rate, the partners on B (cross) or on A (intra), one
+  after the other on the same stack; delivered against offered, p50 / p99, CPU of every process;
 - ``fed_pub_<size>_<subscribers>``: one update to many subscribers, until every subscriber has it
   (median of the measured rounds). Across domains the subscription reaches node B through Matrix
   after node A answered it: updates are sent, one a second, until one reaches every subscriber
@@ -24,7 +27,9 @@ The bare homeserver pipeline (bench/bare.py: one event per message, an appservic
 push, nothing of ours in between) is measured on the same two homeservers, before the node's
 scenarios: within homeserver A (``target=bare_intra``) and from A to an appservice on B through a
 federated room (``target=bare_cross``): the light-load latency and a single 10 kB event (a
-publication's share). It says what Matrix federation itself adds.
+publication's share). It says what Matrix federation itself adds. Last of all, the bare pipeline
+across at each crowd's rate (one event per message, ``fed_crowd_…`` with ``target=bare_cross``),
+for what federation does with the crowd's traffic when nothing coalesces it.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bare import BarePipeline
-from crowd import tree_cpu_seconds
+from crowd import Cell, run_cell, tree_cpu_seconds
 from databases import fresh_database
 
 from adapter.localstack.federation import federating, server_name_for, start_homeservers
@@ -56,6 +61,12 @@ DOMAINS = ("a.bench.local", "b.bench.local")
 # The targets: across domains at most this many times the same figure inside one domain.
 LATENCY_FACTOR = 2.0
 MESSAGING_FACTOR = 2.0
+# Light load across: at most this many times the bare pipeline's p50 across (same run).
+BARE_LATENCY_FACTOR = 1.25
+# A crowd across: every message delivered, p99 at most this many times the same crowd within A.
+CROWD_P99_FACTOR = 2.0
+# The bare pipeline at a crowd's rate sends this long (one event per message).
+BARE_CROWD_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,10 @@ class Plan:
     pub_subscribers: int = 1000
     pub_size: int = 10_000
     pub_rounds: int = 3
+    crowd: tuple[Cell, ...] = (Cell(200, 5.0, size=200), Cell(1000, 1.0, size=200))
+    # The light-load latency, publication and burst scenarios (and their bare baselines);
+    # without them, only the crowds (bench/run.py --only federation-crowd).
+    classic: bool = True
 
     @property
     def msg_test(self) -> str:
@@ -80,7 +95,14 @@ class Plan:
 
 
 FULL = Plan()
-QUICK = Plan(latency_count=60, msg_count=1000, msg_repeats=1, pub_subscribers=20, pub_rounds=1)
+QUICK = Plan(
+    latency_count=60,
+    msg_count=1000,
+    msg_repeats=1,
+    pub_subscribers=20,
+    pub_rounds=1,
+    crowd=(Cell(10, 2.0, duration=3, warmup=1, drain=20, size=200),),
+)
 
 
 class ServiceLike(Protocol):
@@ -298,11 +320,13 @@ async def run_group(
     say(f"[bold]federation: {DOMAINS[0]} and {DOMAINS[1]}, each its Synapse and node")
     try:
         async with _two_domains(python, work, database, start_service, configure, say) as (a, b):
-            # The baseline first, on quiet homeservers: measured right after the node's
-            # 1,000-subscriber publication and bursts, it once had a p50 of 315 ms across
-            # (~40 ms on quiet homeservers).
-            await _bare(a, b, plan, results, say)
-            await _scenarios(a, b, plan, results, say, drive)
+            if plan.classic:
+                # The baseline first, on quiet homeservers: measured right after the node's
+                # 1,000-subscriber publication and bursts, it once had a p50 of 315 ms across
+                # (~40 ms on quiet homeservers).
+                await _bare(a, b, plan, results, say)
+                await _scenarios(a, b, plan, results, say, drive)
+            await _crowds(a, b, plan, results, say, work)
     except Exception as exc:  # noqa: BLE001 - report it like a failed scenario, keep the run
         say(f"  [red]federation group failed: {exc!r} (logs in {work / 'federation'})")
         results.add("fed_stack", target="cross", error=repr(exc))
@@ -430,6 +454,74 @@ async def _scenarios(
         )
 
 
+async def _crowds(
+    a: Domain,
+    b: Domain,
+    plan: Plan,
+    results: ResultsLike,
+    say: Callable[[str], None],
+    work: Path,
+) -> None:
+    """Each crowd within A, then across to B, on the same stack; then the bare pipeline across
+    at each crowd's rate (last: a homeserver far behind stays busy for a while after)."""
+    pids = {
+        f"{kind}_{side}": pid for d, side in ((a, "a"), (b, "b")) for kind, pid in d.pids.items()
+    }
+    metrics = a.health_url.replace("/health", "/metrics")
+    for cell in plan.crowd:
+        test = f"fed_{cell.label}"
+        for target, peer in (("intra", None), ("cross", {"url": b.stub_url, "domain": b.name})):
+            say(
+                f"[bold]{test} {target}: {cell.senders} senders on {a.name} x {cell.rate:g} msg/s "
+                f"of {cell.size} B to partners on {(b if peer else a).name}, {cell.duration:g} s"
+            )
+            try:
+                await run_cell(
+                    cell,
+                    target,
+                    a.stub_url,
+                    a.name,
+                    pids,
+                    results,
+                    work,
+                    say,
+                    metrics,
+                    test,
+                    peer=peer,
+                )
+            except Exception as exc:  # noqa: BLE001 - one failed cell must not lose the others
+                say(f"  [red]{test} ({target}) failed: {exc!r}")
+                results.add(test, target=target, error=repr(exc), load1=_load())
+    for cell in plan.crowd:
+        test = f"fed_{cell.label}"
+        count = int(cell.offered * BARE_CROWD_SECONDS)
+        say(f"  bare pipeline across at {test}'s rate: {count} events at {cell.offered:g}/s")
+        try:
+            async with a.bare as sender, b.bare as peer_pipeline:
+                await sender.federate_to(peer_pipeline)
+                await sender.single_event(cell.size, rounds=1)  # joined, warm
+                cpu = CpuUse(a, b, bench=True)
+                cpu.start()
+                r = await sender.latency(count, cell.offered, cell.size, drain=cell.drain)
+                cpu.stop()
+            results.add(
+                test,
+                target="bare_cross",
+                p50_ms=r["p50_ms"],
+                p99_ms=r["p99_ms"],
+                max_ms=r["max_ms"],
+                measured=count,
+                lost=count - r["received"],
+                offered_per_s=cell.offered,
+                elapsed_s=round(cpu.elapsed, 1),
+                load1=_load(),
+                **cpu.figures(count),
+            )
+        except Exception as exc:  # noqa: BLE001 - a baseline failing must not lose the rest
+            say(f"  [red]bare pipeline at {test}'s rate failed: {exc!r}")
+            results.add(test, target="bare_cross", error=repr(exc))
+
+
 async def _bare(
     a: Domain, b: Domain, plan: Plan, results: ResultsLike, say: Callable[[str], None]
 ) -> None:
@@ -492,8 +584,10 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = _find(fed, test, target)
         return None if row is None else row.get(key)
 
-    def relative(test: str, key: str, factor: float, label: str) -> None:
-        value, base = get(test, "cross", key), get(test, "intra", key)
+    def relative(
+        test: str, key: str, factor: float, label: str, base_target: str = "intra"
+    ) -> None:
+        value, base = get(test, "cross", key), get(test, base_target, key)
         limit = None if base is None else factor * base
         out.append(
             {
@@ -510,8 +604,29 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     relative(
         "fed_latency", "p50_ms", LATENCY_FACTOR, f"cross p50 <= {LATENCY_FACTOR:g} x intra p50"
     )
+    relative(
+        "fed_latency",
+        "p50_ms",
+        BARE_LATENCY_FACTOR,
+        f"cross p50 <= {BARE_LATENCY_FACTOR:g} x bare across p50",
+        "bare_cross",
+    )
     for test in dict.fromkeys(r["test"] for r in fed if str(r["test"]).startswith("fed_msg_")):
         relative(test, "ms", MESSAGING_FACTOR, f"cross <= {MESSAGING_FACTOR:g} x intra")
+    for test in dict.fromkeys(r["test"] for r in fed if str(r["test"]).startswith("fed_crowd_")):
+        relative(test, "p99_ms", CROWD_P99_FACTOR, f"cross p99 <= {CROWD_P99_FACTOR:g} x intra p99")
+        undelivered = _undelivered(_find(fed, test, "cross"))
+        out.append(
+            {
+                "check": f"{test}: cross delivered = offered (lost + duplicated + out of order)",
+                "node": undelivered,
+                "limit": 0,
+                "met": undelivered == 0,
+                "intra_same_run": _undelivered(_find(fed, test, "intra")),
+                "bare_cross_same_run": get(test, "bare_cross", "lost"),
+                "bare_intra_same_run": None,
+            }
+        )
     node = [r for r in fed if r["target"] in ("cross", "intra")]
 
     def lost(target: str) -> int:
@@ -534,6 +649,12 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _undelivered(row: dict[str, Any] | None) -> int | None:
+    if row is None or "error" in row:
+        return None
+    return int(row["lost"] + row.get("duplicates", 0) + row.get("out_of_order", 0))
+
+
 def _ms(v: float | None) -> str:
     if v is None:
         return "—"
@@ -548,7 +669,10 @@ def _cell(row: dict[str, Any] | None) -> str:
     loss = row.get("lost", 0) + row.get("out_of_order", 0)
     tail = f" LOST/OUT OF ORDER {loss}" if loss else ""
     if "p50_ms" in row:
-        return f"p50 {_ms(row['p50_ms'])}, p99 {_ms(row['p99_ms'])}{tail}"
+        count = ""
+        if "measured" in row:
+            count = f" ({row['measured'] - row['lost']:,} of {row['measured']:,})"
+        return f"p50 {_ms(row['p50_ms'])}, p99 {_ms(row['p99_ms'])}{count}{tail}"
     runs = row.get("runs_ms") or row.get("rounds_ms") or []
     return f"{_ms(row['ms'])} ({', '.join(_ms(x) for x in runs)}){tail}"
 
@@ -607,6 +731,27 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
                 *(
                     f"{r['cpu_ms_per_msg'][k]:.1f} ({r['cpu_pct'][k]:.0f} %)"
                     if k in r["cpu_ms_per_msg"]
+                    else ""
+                    for k in names
+                ),
+            )
+        console.print(usage)
+    crowds = [r for r in fed if r["test"].startswith("fed_crowd_") and r.get("cpu_pct")]
+    if crowds:
+        names = list(dict.fromkeys(k for r in crowds for k in r["cpu_pct"]))
+        usage = Table(title="crowds: CPU µs per message delivered (% of one core)")
+        for col in ("test", "target", *names):
+            usage.add_column(col, justify="left" if col in ("test", "target") else "right")
+        for r in crowds:
+            seconds = r.get("window_s") or r.get("elapsed_s") or 0.0
+            delivered = max(1, r["measured"] - r["lost"])
+            usage.add_row(
+                r["test"],
+                r["target"],
+                *(
+                    f"{r['cpu_pct'][k] / 100 * seconds / delivered * 1e6:,.0f} "
+                    f"({r['cpu_pct'][k]:.0f} %)"
+                    if k in r["cpu_pct"]
                     else ""
                     for k in names
                 ),

@@ -3,13 +3,17 @@
 PostgreSQL database), a TCP proxy in front of the node's stub port that can cut every
 connection at once or refuse new ones for a while, and, for the scenarios that need them, a TCP
 proxy in front of PostgreSQL (an outage of the database server) and an HTTP proxy in front of
-Synapse's client API (Synapse answering errors). Each can be signalled and restarted."""
+Synapse's client API (Synapse answering errors). For the scenarios across domains, a second
+domain (its Synapse and node) whose homeserver federates with the first, each homeserver's
+federation listener behind a TCP proxy that can stall the link. Each can be signalled and
+restarted."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import os
 import secrets
 import signal
@@ -30,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from adapter.localstack.federation import federating, server_name_for  # noqa: E402
 from adapter.localstack.synapse import (  # noqa: E402
     SynapseProcess,
     SynapseSettings,
@@ -182,7 +187,15 @@ class Tokens:
 class Homeserver:
     """Synapse (SQLite, loopback) in its own data directory, as bench/run.py runs it."""
 
-    def __init__(self, python: Path, work: Path, tokens: Tokens, node_as_port: int) -> None:
+    def __init__(
+        self,
+        python: Path,
+        work: Path,
+        tokens: Tokens,
+        node_as_port: int,
+        server_name: str = SERVER_NAME,
+    ) -> None:
+        self.python = python
         registration = work / "registration.yaml"
         dump_private_yaml(
             build_registration(
@@ -193,13 +206,13 @@ class Homeserver:
                 sender_localpart="_rethink_bot",
                 user_prefix="_rethink_",
                 alias_prefix="_rethink_",
-                server_name=SERVER_NAME,
+                server_name=server_name,
             ),
             registration,
         )
         self.settings = SynapseSettings(
             data_dir=work / "synapse",
-            server_name=SERVER_NAME,
+            server_name=server_name,
             port=free_port(),
             registration_file=registration,
         )
@@ -209,6 +222,11 @@ class Homeserver:
     @property
     def url(self) -> str:
         return self.settings.url
+
+    def reconfigure(self, settings: SynapseSettings) -> None:
+        self.settings = settings
+        write_homeserver_config(settings)
+        self.process = SynapseProcess(self.python, settings)
 
     async def start(self) -> None:
         if not (self.settings.data_dir / "signing.key").exists():
@@ -248,13 +266,37 @@ class Homeserver:
         return self.process.log_tail(lines)
 
 
-def write_node_config(
-    path: Path, hs_url: str, as_port: int, stub_port: int, db_url: str, tokens: Tokens
+def federated_pair(
+    a: Homeserver, b: Homeserver, a_link: Proxy, b_link: Proxy, tls_dir: Path
 ) -> None:
+    """Make ``a`` and ``b`` federate with each other only, each reached by the other through
+    its link proxy: a homeserver's server name is its proxy's address, its federation listener
+    a port of its own behind it. Start the proxies first (their ports are the server names)."""
+    settings = federating([a.settings, b.settings], tls_dir)
+    for server, proxied, link in zip((a, b), settings, (a_link, b_link), strict=True):
+        assert proxied.federation is not None
+        assert server.settings.server_name == server_name_for(link.port)
+        federation = dataclasses.replace(proxied.federation, port=link.upstream_port)
+        server.reconfigure(dataclasses.replace(proxied, federation=federation))
+
+
+def write_node_config(
+    path: Path,
+    hs_url: str,
+    as_port: int,
+    stub_port: int,
+    db_url: str,
+    tokens: Tokens,
+    domain: str = DOMAIN,
+    server_name: str = SERVER_NAME,
+    peers: dict[str, str] | None = None,
+) -> None:
+    """``peers``: the other domains and their homeservers' server names."""
+    federation = {d: {"server_name": name} for d, name in (peers or {}).items()}
     dump_private_yaml(
         {
-            "domain": DOMAIN,
-            "homeserver": {"url": hs_url, "server_name": SERVER_NAME},
+            "domain": domain,
+            "homeserver": {"url": hs_url, "server_name": server_name},
             "appservice": {
                 "as_token": tokens.as_token,
                 "hs_token": tokens.hs_token,
@@ -266,6 +308,7 @@ def write_node_config(
                 "session_secret": secrets.token_urlsafe(24),
             },
             "database": {"url": db_url},
+            "federation": {"peers": federation},
             "logging": {"level": "INFO", "format": "json"},
         },
         path,
@@ -385,15 +428,21 @@ class Proxy:
     ``cut()`` aborts every connection at once (both sides see the socket die, no WebSocket close
     frame: a network loss); while ``refusing`` new connections are accepted and aborted at once;
     while ``blackhole`` everything read is discarded and nothing closed (a link that died without
-    either end noticing yet).
+    either end noticing yet); while ``stalled`` nothing is read, forwarded or connected, and
+    what the ends send waits in the kernel's buffers until the stall ends (a link that drops
+    every packet for a while, TCP retransmitting until it is back).
     A connection whose other side closes or fails is aborted as a whole."""
 
-    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, upstream_port: int, upstream_host: str = "127.0.0.1", listen_port: int = 0
+    ) -> None:
         self.upstream_port = upstream_port
         self.upstream_host = upstream_host
-        self.port = 0
+        self.port = listen_port
         self.refusing = False
         self.blackhole = False  # forward nothing, in either direction, without closing anything
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self.discarded_bytes = 0
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
@@ -404,9 +453,20 @@ class Proxy:
         self.cut_connections = 0
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", self.port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
+
+    @property
+    def stalled(self) -> bool:
+        return not self._flowing.is_set()
+
+    @stalled.setter
+    def stalled(self, value: bool) -> None:
+        if value:
+            self._flowing.clear()
+        else:
+            self._flowing.set()
 
     @property
     def open_connections(self) -> int:
@@ -425,6 +485,7 @@ class Proxy:
             writer.transport.abort()
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._flowing.wait()
         if self.refusing:
             self.refused += 1
             writer.transport.abort()
@@ -457,7 +518,8 @@ class Proxy:
         pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
     ) -> None:
         try:
-            while data := await src.read(65536):
+            while (await self._flowing.wait()) and (data := await src.read(65536)):
+                await self._flowing.wait()  # read as the stall began: held until it ends
                 if self.blackhole:
                     self.discarded_bytes += len(data)
                     continue

@@ -25,6 +25,13 @@ API answers every request of the node with 500 for 10 s, then with 429 for 10 s)
 node or Synapse, SIGKILL or SIGTERM at random, after every 5-10 s of uptime for a minute, while
 4 senders, 4 receivers, a reporter and 3 observers exchange 42,000 messages).
 
+Across domains (a second domain, its own Synapse and node, federating with the first; the
+receiver is that domain's runtime, so every message travels sender → node A → A's homeserver →
+federation → B's homeserver → node B → receiver): peer-synapse-sigkill (B's homeserver killed,
+kept down for a minute, restarted); peer-node-sigkill (B's node killed, restarted at once);
+peer-link-blackhole (the link between the two homeservers drops everything for 30 s: each
+homeserver's federation listener sits behind a proxy that stalls, in both directions).
+
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
 Either way less the messages the node answered with an error (a definite failure).
@@ -81,10 +88,12 @@ from fault_stack import (  # noqa: E402
     NodeProcess,
     Proxy,
     Tokens,
+    federated_pair,
     postgres_reachable,
     write_node_config,
 )
 
+from adapter.localstack.federation import server_name_for  # noqa: E402
 from adapter.localstack.synapse import ensure_synapse_installed, free_port  # noqa: E402
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -100,8 +109,12 @@ SCENARIOS = (
     "database-outage",
     "synapse-errors",
     "monkey",
+    "peer-synapse-sigkill",
+    "peer-node-sigkill",
+    "peer-link-blackhole",
 )
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
+PEER_DOMAIN = "peer.faults.local"
 
 
 @dataclass(frozen=True)
@@ -123,12 +136,14 @@ class Plan:
     synapse_errors_s: float  # synapse-errors: half of it 500, then half 429
     quiet_s: float  # drained = nothing new arrived (or was acknowledged) for this long
     drain_cap_s: float
+    peer_down_s: float = 60.0  # peer-synapse-sigkill: how long B's homeserver stays down
+    link_stall_s: float = 30.0  # peer-link-blackhole: how long the link drops everything
 
 
 FULL = Plan(3000, 500, 1 / 3, 1.0, 0.5, 60, (5, 10), 4, 4, 3, 6000, 100, 10, 5, 20, 8, 180)
 # The outages stay longer than what they must defeat (SQLite's 5 s busy timeout, the homeserver
-# client's first retries).
-QUICK = Plan(600, 200, 1 / 3, 0.5, 0.3, 20, (5, 8), 3, 3, 2, 800, 50, 6, 3, 8, 5, 60)
+# client's first retries; for the peer's homeserver and the link, the federation sender's).
+QUICK = Plan(600, 200, 1 / 3, 0.5, 0.3, 20, (5, 8), 3, 3, 2, 800, 50, 6, 3, 8, 5, 60, 15.0, 10.0)
 
 
 # -- runtimes ----------------------------------------------------------------------------------
@@ -299,6 +314,53 @@ class Fault:
 
 
 @dataclass
+class PeerDomain:
+    """The other domain of the scenarios across domains: the receivers are its runtimes."""
+
+    homeserver: Homeserver
+    node: NodeProcess
+    proxy: Proxy  # in front of its node's stub listener
+    database: Database
+    tokens: Tokens
+    # In front of each homeserver's federation listener (the first domain's, this one's): the
+    # link between the two.
+    links: tuple[Proxy, Proxy]
+
+    @classmethod
+    def create(
+        cls, work: Path, synapse_python: Path, database: str, links: tuple[Proxy, Proxy]
+    ) -> PeerDomain:
+        work.mkdir()
+        tokens = Tokens()
+        as_port, stub_port = free_port(), free_port()
+        homeserver = Homeserver(
+            synapse_python, work, tokens, as_port, server_name_for(links[1].port)
+        )
+        node = NodeProcess(work / "node.yaml", work / "node.log", as_port, stub_port)
+        return cls(homeserver, node, Proxy(stub_port), Database(database, work), tokens, links)
+
+    async def prepare(self, peer_domain: str, peer_server_name: str) -> None:
+        """Its database, its node's configuration, its homeserver started, its schema."""
+        db_url = await self.database.create()
+        write_node_config(
+            self.node.config,
+            self.homeserver.url,
+            self.node.as_port,
+            self.node.stub_port,
+            db_url,
+            self.tokens,
+            PEER_DOMAIN,
+            self.homeserver.settings.server_name,
+            {peer_domain: peer_server_name},
+        )
+        await asyncio.gather(self.homeserver.start(), self.node.migrate())
+
+    @property
+    def stub_url(self) -> str:
+        return f"ws://127.0.0.1:{self.proxy.port}/stub/connect"
+
+
+@dataclass
 class Stack:
     work: Path
     homeserver: Homeserver
@@ -306,6 +368,7 @@ class Stack:
     proxy: Proxy
     database: Database
     homeserver_proxy: HomeserverProxy | None = None  # only where Synapse is to answer errors
+    peer: PeerDomain | None = None  # only for the scenarios across domains
     faults: list[Fault] = field(default_factory=list)
 
     @property
@@ -329,8 +392,30 @@ class Stack:
         self.faults.append(fault)
         return fault
 
-    async def restart(self, target: str, sig: signal.Signals) -> Fault:
-        proc: Homeserver | NodeProcess = self.node if target == "node" else self.homeserver
+    async def stall_link(self, seconds: float) -> Fault:
+        """The link between the two domains' homeservers drops everything for ``seconds``."""
+        assert self.peer is not None
+        fault = Fault("link-blackhole", None, time.time())
+        self.faults.append(fault)
+        links = self.peer.links
+        open_before = sum(link.open_connections for link in links)
+        for link in links:
+            link.stalled = True
+        await asyncio.sleep(seconds)
+        for link in links:
+            link.stalled = False
+        fault.end = time.time()
+        fault.effective = open_before > 0
+        fault.detail = f"{open_before} federation connections open as it began"
+        return fault
+
+    async def restart(self, target: str, sig: signal.Signals, down_s: float = 0.0) -> Fault:
+        """Signal ``target`` (node, synapse, peer-node, peer-synapse), wait for it to exit,
+        keep it down ``down_s`` seconds and start it again."""
+        procs: dict[str, Homeserver | NodeProcess] = {"node": self.node, "synapse": self.homeserver}
+        if self.peer is not None:
+            procs |= {"peer-node": self.peer.node, "peer-synapse": self.peer.homeserver}
+        proc = procs[target]
         fault = Fault(target, sig.name, time.time())
         self.faults.append(fault)
         proc.signal(sig)
@@ -344,12 +429,13 @@ class Stack:
         fault.effective = code is not None and (sig != signal.SIGKILL or code == -signal.SIGKILL)
         if code is None:
             raise RuntimeError(f"{target} did not exit after {sig.name} and SIGKILL")
+        await asyncio.sleep(down_s)
         fault.restarted = time.time()
-        if target == "node":
-            self.node.start()
-            await self.node.wait_answering(90)
+        if isinstance(proc, NodeProcess):
+            proc.start()
+            await proc.wait_answering(90)
         else:
-            await self.homeserver.start()
+            await proc.start()
         fault.end = time.time()
         return fault
 
@@ -382,7 +468,15 @@ class Stack:
     async def close(self) -> None:
         await self.proxy.close()
         await self.node.stop()
+        if self.peer is not None:
+            await self.peer.proxy.close()
+            await self.peer.node.stop()
         await self.homeserver.stop()
+        if self.peer is not None:
+            await self.peer.homeserver.stop()
+            for link in self.peer.links:
+                await link.close()
+            await self.peer.database.drop()
         if self.homeserver_proxy is not None:
             await self.homeserver_proxy.close()
         await self.database.drop()
@@ -391,21 +485,50 @@ class Stack:
 async def start_stack(work: Path, synapse_python: Path, database: str, scenario: str) -> Stack:
     tokens = Tokens()
     as_port, stub_port = free_port(), free_port()
-    homeserver = Homeserver(synapse_python, work, tokens, as_port)
+    links: tuple[Proxy, Proxy] | None = None
+    server_name: dict[str, str] = {}
+    if scenario.startswith("peer-"):
+        links = (Proxy(free_port()), Proxy(free_port()))
+        for link in links:
+            await link.start()  # its address is the homeserver's server name
+        server_name["server_name"] = server_name_for(links[0].port)
+    homeserver = Homeserver(synapse_python, work, tokens, as_port, **server_name)
     db = Database(database, work, outages=scenario == "database-outage")
     proxy = Proxy(stub_port)
     node = NodeProcess(work / "node.yaml", work / "node.log", as_port, stub_port)
     hs_proxy = HomeserverProxy(homeserver.url) if scenario == "synapse-errors" else None
     stack = Stack(work, homeserver, node, proxy, db, hs_proxy)
     try:
+        peers: dict[str, str] = {}
+        if links is not None:
+            stack.peer = PeerDomain.create(work / "peer", synapse_python, database, links)
+            federated_pair(homeserver, stack.peer.homeserver, *links, work / "tls")
+            peers[PEER_DOMAIN] = stack.peer.homeserver.settings.server_name
         db_url = await db.create()
         hs_url = await hs_proxy.start() if hs_proxy is not None else homeserver.url
-        write_node_config(node.config, hs_url, as_port, stub_port, db_url, tokens)
-        await asyncio.gather(homeserver.start(), node.migrate())
-        node.start()
-        await node.wait_answering(90)
-        await node.wait_healthy(60)
+        write_node_config(
+            node.config,
+            hs_url,
+            as_port,
+            stub_port,
+            db_url,
+            tokens,
+            server_name=homeserver.settings.server_name,
+            peers=peers,
+        )
+        starting = [homeserver.start(), node.migrate()]
+        if stack.peer is not None:
+            starting.append(stack.peer.prepare(DOMAIN, homeserver.settings.server_name))
+        await asyncio.gather(*starting)
+        nodes = [node] if stack.peer is None else [node, stack.peer.node]
+        for each in nodes:
+            each.start()
+        for each in nodes:
+            await each.wait_answering(90)
+            await each.wait_healthy(60)
         await proxy.start()
+        if stack.peer is not None:
+            await stack.peer.proxy.start()
     except BaseException:
         await stack.close()
         raise
@@ -502,7 +625,9 @@ async def run_scenario(
             await rt.start()
             return rt
 
-        await asyncio.gather(*(spawn(r, "receiver") for r in layout.receivers))
+        # Across domains, the receivers are the other domain's runtimes.
+        far = {} if stack.peer is None else {"domain": PEER_DOMAIN, "url": stack.peer.stub_url}
+        await asyncio.gather(*(spawn(r, "receiver", **far) for r in layout.receivers))
         learning = {"learnEvery": layout.learn_every} if layout.learn_every else {}
         if layout.reporter:
             reporter = await spawn(
@@ -807,12 +932,20 @@ def scenario_setup(
 
         return inject
 
-    def restart(target: str, sig: signal.Signals) -> FaultDriver:
+    def restart(target: str, sig: signal.Signals, down_s: float = 0.0) -> FaultDriver:
         async def inject(run: Run) -> None:
             await sleep_until(run.t0 + plan.fault_at * run.stream_s)
-            await report_restart(run.stack, target, sig, run.t0)
+            await report_restart(run.stack, target, sig, run.t0, down_s)
 
         return inject
+
+    async def link_blackhole(run: Run) -> None:
+        await sleep_until(run.t0 + plan.fault_at * run.stream_s)
+        fault = await run.stack.stall_link(plan.link_stall_s)
+        console.print(
+            f"  {fault.start - run.t0:5.1f}s link between the homeservers dropped everything "
+            f"for {plan.link_stall_s:g}s ({fault.detail})"
+        )
 
     async def database_outage(run: Run) -> None:
         await sleep_until(run.t0 + plan.fault_at * run.stream_s)
@@ -850,6 +983,12 @@ def scenario_setup(
         return dataclasses.replace(single, learn_every=25), database_outage
     if name == "synapse-errors":
         return single, synapse_errors
+    if name == "peer-synapse-sigkill":
+        return single, restart("peer-synapse", signal.SIGKILL, plan.peer_down_s)
+    if name == "peer-node-sigkill":
+        return single, restart("peer-node", signal.SIGKILL)
+    if name == "peer-link-blackhole":
+        return single, link_blackhole
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {
@@ -873,10 +1012,13 @@ def scenario_setup(
     raise ValueError(name)
 
 
-async def report_restart(stack: Stack, target: str, sig: signal.Signals, t0: float) -> None:
-    fault = await stack.restart(target, sig)
+async def report_restart(
+    stack: Stack, target: str, sig: signal.Signals, t0: float, down_s: float = 0.0
+) -> None:
+    fault = await stack.restart(target, sig, down_s)
     console.print(
         f"  {fault.start - t0:5.1f}s {target} {sig.name}: exited {fault.exit_code}"
+        f"{f', kept down {down_s:g}s' if down_s else ''}"
         f"{' (forced SIGKILL)' if fault.forced_kill else ''}, answering again after "
         f"{fault.end - fault.start:.1f}s"
     )

@@ -5,6 +5,7 @@
     .venv/bin/python bench/run.py --crowd 500,5,30   # one crowd cell (bench/crowd.py)
     .venv/bin/python bench/run.py --database postgresql   # the node on PostgreSQL
     .venv/bin/python bench/run.py --only federation   # two domains (bench/domains.py)
+    .venv/bin/python bench/run.py --only federation-crowd   # only its crowds across domains
 
 It starts its own Synapse (SQLite, loopback) and, as separate processes, the node and the
 ceiling baseline (bench/relay.py: the node's code with Matrix taken out). Load comes from
@@ -97,13 +98,16 @@ GROUPS = frozenset(
         "bare",
         "crowd",
         "federation",
+        "federation-crowd",
         "hostile",
         "churn",
         "soak",
     }
 )
 # Groups with their own stacks and reports (not the node / relay / bare phases).
-OWN_STACK = frozenset({"bare", "crowd", "federation", "hostile", "churn", "soak"})
+OWN_STACK = frozenset(
+    {"bare", "crowd", "federation", "federation-crowd", "hostile", "churn", "soak"}
+)
 
 
 @dataclass
@@ -144,7 +148,8 @@ QUICK = Plan(
 )
 QUICK = dataclasses.replace(QUICK, crowd_cells=crowd.QUICK_GRID, federation=domains.QUICK)
 # The 30-minute soak runs only when asked for (--only soak); its quick form is in the smoke run.
-FULL = dataclasses.replace(FULL, only=GROUPS - {"soak"})
+# The federation group includes its crowds (federation-crowd alone runs only those).
+FULL = dataclasses.replace(FULL, only=GROUPS - {"soak", "federation-crowd"})
 
 
 @dataclass
@@ -783,11 +788,14 @@ async def main(args: argparse.Namespace) -> int:
         await hostile.run_group(
             stack, launchers["node"], results, DOMAIN, work, console.print, args.quick
         )
-    if plan.runs("federation"):
+    if plan.runs("federation") or plan.runs("federation-crowd"):
+        federation = plan.federation
+        if not plan.runs("federation"):
+            federation = dataclasses.replace(federation, classic=False)
         await domains.run_group(
             python,
             work,
-            plan.federation,
+            federation,
             results,
             console.print,
             args.database,

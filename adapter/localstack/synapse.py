@@ -135,9 +135,13 @@ class FederationSettings:
     peer_addresses: tuple[str, ...] = ("127.0.0.1",)
     # Synapse waits up to a minute between retries of a federation request and backs off an
     # unreachable server for 10 minutes at first, up to a week; a local peer that was restarted
-    # is reached again within seconds instead.
+    # is reached again within seconds instead. A request's own retries (a transaction that
+    # fails while the peer is down) come at most `request_retry_max` apart: nothing can wake
+    # them early (a peer's node makes its homeserver contact this one when it is back, which
+    # resets the back-off between requests, not a request's own retries).
     retry_min: str = "1s"
     retry_max: str = "10s"
+    request_retry_max: str = "2s"
 
 
 @dataclass(frozen=True)
@@ -274,7 +278,7 @@ def _with_federation(
         # a local stack configures.
         "ip_range_blacklist": blocklist_except(federation.peer_addresses),
         "federation": {
-            "max_long_retry_delay": federation.retry_max,
+            "max_long_retry_delay": federation.request_retry_max,
             "destination_min_retry_interval": federation.retry_min,
             "destination_max_retry_interval": federation.retry_max,
         },

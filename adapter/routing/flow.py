@@ -23,6 +23,7 @@ the homeserver's push (the registration's ``receive_ephemeral``). Nothing depend
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 
 from ..observability import NodeMetrics
@@ -38,10 +39,12 @@ class PeerPace:
         self._gauge = metrics.peer_unconfirmed.labels(domain)
         self._held_until_confirmed = metrics.peer_paced.labels(domain, "confirmed")
         self._held_until_max = metrics.peer_paced.labels(domain, "max_hold")
+        self._round_trip = metrics.peer_confirm_seconds
         self._sent = 0  # the number of the last event the homeserver persisted
         self._confirmed = 0  # the number of the last event the peer's node handled
         self._confirming = False  # whether the peer's node has ever confirmed anything
-        self._unconfirmed: OrderedDict[str, int] = OrderedDict()  # event id -> its number
+        # event id -> its number and when it was persisted
+        self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._progress = asyncio.Event()
 
     @property
@@ -67,18 +70,20 @@ class PeerPace:
         self._sent = n
         self._gauge.set(self.in_flight)
         if self._window:
-            self._unconfirmed[event_id] = n
+            self._unconfirmed[event_id] = (n, time.monotonic())
             while len(self._unconfirmed) > _REMEMBERED:
                 self._unconfirmed.popitem(last=False)
 
     def confirmed(self, event_id: str) -> bool:
         """The peer's node has handled ``event_id`` and every event before it; False for an
         event this link does not remember sending (ignored)."""
-        n = self._unconfirmed.get(event_id)
-        if n is None:
+        found = self._unconfirmed.get(event_id)
+        if found is None:
             return False
+        n, persisted = found
+        self._round_trip.observe(time.monotonic() - persisted)
         while self._unconfirmed:
-            _first, first_n = next(iter(self._unconfirmed.items()))
+            _first, (first_n, _at) = next(iter(self._unconfirmed.items()))
             if first_n > n:
                 break
             self._unconfirmed.popitem(last=False)

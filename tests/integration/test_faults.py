@@ -216,7 +216,22 @@ async def test_the_proxy_forwards_cuts_refuses_and_blackholes() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"back")
         assert await asyncio.wait_for(reader.read(4), 5) == b"back"
+
+        # A stalled link: nothing passes, nothing is lost, and it all passes once it flows.
+        proxy.stalled = True
+        await asyncio.sleep(0.05)  # the pumps' reads in progress see the stall
+        writer.write(b"late")
+        later_reader, later_writer = await asyncio.open_connection("127.0.0.1", port)
+        later_writer.write(b"new!")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.read(4), 0.3)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(later_reader.read(4), 0.1)
+        proxy.stalled = False
+        assert await asyncio.wait_for(reader.read(4), 5) == b"late"
+        assert await asyncio.wait_for(later_reader.read(4), 5) == b"new!"
         writer.close()
+        later_writer.close()
     finally:
         await proxy.close()
         server.close()
