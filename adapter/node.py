@@ -88,8 +88,6 @@ log = structlog.get_logger(__name__)
 TRANSACTION_RETENTION = timedelta(days=7)
 MAINTENANCE_INTERVAL = 3600.0
 EXPIRY_INTERVAL = 60.0
-# How often the node checks its homeserver answers (to notice it coming back).
-HOMESERVER_WATCH_INTERVAL = 2.0
 SHUTDOWN_FLUSH_SECONDS = 10.0
 # After the lanes are flushed at shutdown, how long live stubs get to acknowledge the last
 # deliveries before what they have not acknowledged is stored for their resume.
@@ -459,7 +457,6 @@ class Node:
         self.running = True
         self._tasks += [
             asyncio.create_task(self._ping_homeserver(), name="hs-ping"),
-            asyncio.create_task(self._watch_homeserver(), name="hs-watch"),
             asyncio.create_task(self._maintenance(), name="maintenance"),
             asyncio.create_task(self._expire_sessions(), name="session-expiry"),
             asyncio.create_task(self.settlement.run(), name="checkpoints"),
@@ -610,27 +607,6 @@ class Node:
                 log.warning("homeserver ping failed; retrying", error=str(exc), retry_in=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60.0)
-
-    async def _watch_homeserver(self) -> None:
-        """Notice the homeserver answering again after it was away (restarted, say), and tell
-        who waits on it: the homeserver itself (the ping: it retries its queued transactions to
-        this node at once) and the peers' homeservers, which back off from an unreachable
-        server for seconds (federation.py, ``wake_peers``)."""
-        away = False
-        while True:
-            await asyncio.sleep(HOMESERVER_WATCH_INTERVAL)
-            try:
-                async with asyncio.timeout(HOMESERVER_WATCH_INTERVAL):
-                    await self.api.versions()
-            except Exception:  # noqa: BLE001 - away; /health and the streams say more
-                away = True
-                continue
-            if away:
-                away = False
-                log.info("homeserver answering again")
-                self._spawn(self._ping_homeserver())
-                if self.federation is not None:
-                    self._spawn(self.federation.wake_peers())
 
     async def _maintenance(self) -> None:
         keep_marks = max(

@@ -144,13 +144,6 @@ class Intent:
         path = f"/_matrix/client/v3/rooms/{_quote(room_id)}/receipt/m.read/{_quote(event_id)}"
         await self._request("POST", path, "receipt", json_body={})
 
-    async def profile(self, user_id: str) -> dict[str, Any]:
-        """``user_id``'s profile; for a user of another server, the homeserver asks that server
-        (a federation request, which also tells it this homeserver is up)."""
-        path = f"/_matrix/client/v3/profile/{_quote(user_id)}"
-        parsed = await self._request("GET", path, "profile", retry=False)
-        return parsed if isinstance(parsed, dict) else {}
-
     async def upload(self, data: bytes, content_type: str, filename: str | None = None) -> str:
         """Store bytes in the media repository; returns the mxc:// URI."""
         await self.ensure_registered()

@@ -209,17 +209,6 @@ class Federation:
     def _link_in(self, room_id: object) -> PeerLink | None:
         return next((link for link in self._links.values() if link.room_id == room_id), None)
 
-    async def wake_peers(self) -> None:
-        """After this node's homeserver was away: make it contact each peer's homeserver (a
-        profile query for the peer's bot). A homeserver that failed to reach this one backs off
-        for up to its retry maximum, but a signed request from this one resets that back-off and
-        makes it send what it queued at once."""
-        for peer in self.peers.known():
-            try:
-                await self._bot.profile(peer.bot)
-            except Exception as exc:  # noqa: BLE001 - advisory: the peer retries on its own
-                log.info("waking a peer's homeserver failed", peer=peer.domain, error=str(exc))
-
     async def flush(self, timeout: float) -> None:
         await asyncio.gather(*(link.stream.flush(timeout) for link in self._links.values()))
 
