@@ -1,6 +1,6 @@
 """The fault-injection suite: zero loss, zero duplicates, order kept, under every fault?
 
-    .venv/bin/python bench/faults.py                       # every scenario, SQLite (~6 min)
+    .venv/bin/python bench/faults.py                       # every scenario, SQLite (~9 min)
     .venv/bin/python bench/faults.py --database postgresql
     .venv/bin/python bench/faults.py --quick               # every scenario, smaller (what CI runs)
     .venv/bin/python bench/faults.py --scenario node-sigkill,monkey --seed 7

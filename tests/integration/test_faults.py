@@ -1,7 +1,8 @@
 """The fault suite (bench/faults.py): its checker and proxies on their own, then `--quick`
 against the real node and Synapse: every scenario on SQLite (network drops and black holes, the
 node and Synapse stopped and killed, the database away, Synapse answering 500 and 429, the
-monkey), and on PostgreSQL those where the node's database is what the fault hits:
+monkey; across domains, the partner's homeserver and node killed and the link between the two
+homeservers stalled), and on PostgreSQL those where the node's database is what the fault hits:
 nothing lost, duplicated, reordered, unexpected or unaccounted for, and delivery resumed within
 5 s of each fault's end."""
 
