@@ -5,8 +5,14 @@ sending one (tens of milliseconds of CPU each on a small machine). A sender that
 per message while its own homeserver answers quickly therefore outruns a busy far side: the far
 homeserver's queue grows and latency runs away. So a peer link keeps at most ``window`` events
 in flight that the peer's node has not yet confirmed; while the window is full, what the link's
-runtimes send waits and leaves together, in one event, when the next confirmation comes. A lone
-message at light load finds the window open and leaves at once.
+runtimes send waits and leaves together, in one event, when the next confirmation comes.
+
+A lone message leaves at once, window or not, while the far side keeps up: at light load every
+message is an event of its own, and the confirmation round trip (two homeservers each way) can
+be longer than the gap between two messages, so a window would hold messages that nobody needs
+coalesced. The far side keeps up while the oldest unconfirmed event is younger than
+``BEHIND_FACTOR`` times the shortest recent round trip; past that, lone messages wait too, or
+a far side slower than a stream of single messages would fall behind for good.
 
 The confirmation is the peer node's read receipt (``m.read``) on the last event of this node's
 room it has handled (peer_feed.py sends it). Receipts reach this node as ephemeral events of
@@ -24,12 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from ..observability import NodeMetrics
 
 # Events sent and not yet confirmed that are remembered (their ids, to place a receipt).
 _REMEMBERED = 4096
+# The far side is behind once the oldest unconfirmed event is older than this many times the
+# shortest of the last ``_ROUND_TRIPS`` round trips.
+BEHIND_FACTOR = 2.0
+_ROUND_TRIPS = 64
 
 
 class PeerPace:
@@ -46,6 +56,7 @@ class PeerPace:
         # event id -> its number and when it was persisted
         self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._progress = asyncio.Event()
+        self._round_trips: deque[float] = deque(maxlen=_ROUND_TRIPS)
 
     @property
     def last_sent(self) -> int:
@@ -81,7 +92,9 @@ class PeerPace:
         if found is None:
             return False
         n, persisted = found
-        self._round_trip.observe(time.monotonic() - persisted)
+        round_trip = time.monotonic() - persisted
+        self._round_trip.observe(round_trip)
+        self._round_trips.append(round_trip)
         while self._unconfirmed:
             _first, (first_n, _at) = next(iter(self._unconfirmed.items()))
             if first_n > n:
@@ -94,9 +107,24 @@ class PeerPace:
             self._progress.set()
         return True
 
-    async def pace(self) -> None:
-        """Return when the next event may leave: at once while the window has room."""
+    @property
+    def behind_after(self) -> float:
+        """How old the oldest unconfirmed event may grow before the far side counts as behind
+        (seconds; 0 before any round trip was measured)."""
+        return BEHIND_FACTOR * min(self._round_trips, default=0.0)
+
+    def _behind(self) -> bool:
+        if not self._unconfirmed or not self._round_trips:
+            return False
+        _n, oldest = next(iter(self._unconfirmed.values()))
+        return time.monotonic() - oldest > self.behind_after
+
+    async def pace(self, queued: int) -> None:
+        """Return when the next event, of ``queued`` waiting items, may leave: at once while the
+        window has room, or for a lone item."""
         if not self._window or not self._confirming or self.in_flight < self._window:
+            return
+        if queued <= 1 and not self._behind():
             return
         deadline = asyncio.get_running_loop().time() + self._max_hold
         while self.in_flight >= self._window:
