@@ -11,8 +11,9 @@ A lone message leaves at once, window or not, while the far side keeps up: at li
 message is an event of its own, and the confirmation round trip (two homeservers each way) can
 be longer than the gap between two messages, so a window would hold messages that nobody needs
 coalesced. The far side keeps up while the oldest unconfirmed event is younger than
-``BEHIND_FACTOR`` times the shortest recent round trip; past that, lone messages wait too, or
-a far side slower than a stream of single messages would fall behind for good.
+``BEHIND_FACTOR`` times the shortest recent round trip, and at least ``BEHIND_FLOOR`` (the round
+trip varies threefold at light load on a busy machine); past that, lone messages wait too, or a
+far side slower than a stream of single messages would fall behind for good.
 
 The confirmation is the peer node's read receipt (``m.read``) on the last event of this node's
 room it has handled (peer_feed.py sends it). Receipts reach this node as ephemeral events of
@@ -39,6 +40,7 @@ _REMEMBERED = 4096
 # The far side is behind once the oldest unconfirmed event is older than this many times the
 # shortest of the last ``_ROUND_TRIPS`` round trips.
 BEHIND_FACTOR = 2.0
+BEHIND_FLOOR = 0.5
 _ROUND_TRIPS = 64
 
 
@@ -110,8 +112,8 @@ class PeerPace:
     @property
     def behind_after(self) -> float:
         """How old the oldest unconfirmed event may grow before the far side counts as behind
-        (seconds; 0 before any round trip was measured)."""
-        return BEHIND_FACTOR * min(self._round_trips, default=0.0)
+        (seconds)."""
+        return max(BEHIND_FLOOR, BEHIND_FACTOR * min(self._round_trips, default=0.0))
 
     def _behind(self) -> bool:
         if not self._unconfirmed or not self._round_trips:

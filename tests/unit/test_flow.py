@@ -63,15 +63,16 @@ async def test_a_lone_message_leaves_at_once_while_the_far_side_keeps_up() -> No
     # events in flight than the window (the round trip is longer than the gap between messages).
     p, registry = pace(window=1)
     p.sent(1, "$e1")
-    await asyncio.sleep(0.05)
-    p.confirmed("$e1")  # a round trip of ~50 ms
+    await asyncio.sleep(0.3)
+    p.confirmed("$e1")  # a round trip of ~300 ms
+    assert p.behind_after >= 0.6
     p.sent(2, "$e2")
     p.sent(3, "$e3")
     assert await leaves_at_once(p, queued=1)
     assert not await leaves_at_once(p, queued=2)
     # The oldest unconfirmed event grows older than twice the round trip: the far side is
     # behind, and a lone message waits too.
-    await asyncio.sleep(0.12)
+    await asyncio.sleep(p.behind_after)
     assert not await leaves_at_once(p, queued=1)
     assert paced(registry, "confirmed") == 0
 
