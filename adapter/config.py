@@ -195,7 +195,8 @@ class FederationConfig(_Strict):
     discovery_timeout_seconds: float = Field(default=5.0, gt=0)
     # Flow control toward each peer (adapter/routing/flow.py): at most this many events its
     # node has not yet confirmed are in flight; what waits meanwhile leaves in one event.
-    # 0 turns it off. Needs `receive_ephemeral: true` in the registration (generated so).
+    # 0 turns it off, and the node then sends peers no confirmations either. Needs
+    # `receive_ephemeral: true` in the registration (generated so).
     flow_window_events: int = Field(default=2, ge=0)
     # The longest the next event waits for a confirmation (the peer's node may be away).
     flow_max_hold_seconds: float = Field(default=1.0, gt=0, le=60)

@@ -193,6 +193,12 @@ class Federation:
                 task.add_done_callback(self._starting.discard)
         return link
 
+    @property
+    def flow_control(self) -> bool:
+        """Whether this node paces its links and confirms what peers send it (flow.py): a
+        node with flow control off neither waits for confirmations nor sends them."""
+        return self._flow[0] > 0
+
     async def on_receipts(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
         """Read receipts pushed by the homeserver: a peer node's, in this node's room for it,
         confirm the events it has handled (flow.py). Every other receipt is none of ours."""

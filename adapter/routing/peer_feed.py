@@ -54,8 +54,10 @@ class PeerFeed:
         bot: Intent,
         metrics: NodeMetrics,
         last_n: int = 0,
+        confirm: bool = True,
     ) -> None:
         self.room_id = room_id
+        self._confirm_handled = confirm  # read receipts for the peer's flow control
         self.peer = peer
         self._position = position  # the last event handled (recovery starts after it)
         self._handle = handle
@@ -279,7 +281,7 @@ class PeerFeed:
             if isinstance(event_id, str):
                 self._position = event_id
             delivered = True
-        if delivered and self._confirming is None:
+        if delivered and self._confirm_handled and self._confirming is None:
             self._confirming = asyncio.create_task(
                 self._confirm(), name=f"peer-feed-confirm-{self.peer.domain}"
             )

@@ -147,6 +147,7 @@ class PeerFeeds:
             self._bot,
             self._metrics,
             last_n,
+            confirm=self._federation.flow_control,
         )
         self._feeds[room_id] = feed
         return feed
