@@ -5,15 +5,8 @@ sending one (tens of milliseconds of CPU each on a small machine). A sender that
 per message while its own homeserver answers quickly therefore outruns a busy far side: the far
 homeserver's queue grows and latency runs away. So a peer link keeps at most ``window`` events
 in flight that the peer's node has not yet confirmed; while the window is full, what the link's
-runtimes send waits and leaves together, in one event, when the next confirmation comes.
-
-A lone message leaves at once, window or not, while the far side keeps up: at light load every
-message is an event of its own, and the confirmation round trip (two homeservers each way) can
-be longer than the gap between two messages, so a window would hold messages that nobody needs
-coalesced. The far side keeps up while the oldest unconfirmed event is younger than
-``BEHIND_FACTOR`` times the shortest recent round trip, and at least ``BEHIND_FLOOR`` (the round
-trip varies threefold at light load on a busy machine); past that, lone messages wait too, or a
-far side slower than a stream of single messages would fall behind for good.
+runtimes send waits and leaves together, in one event, when the next confirmation comes. A lone
+message at light load finds the window open and leaves at once.
 
 The confirmation is the peer node's read receipt (``m.read``) on the last event of this node's
 room it has handled (peer_feed.py sends it). Receipts reach this node as ephemeral events of
@@ -31,17 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from ..observability import NodeMetrics
 
 # Events sent and not yet confirmed that are remembered (their ids, to place a receipt).
 _REMEMBERED = 4096
-# The far side is behind once the oldest unconfirmed event is older than this many times the
-# shortest of the last ``_ROUND_TRIPS`` round trips.
-BEHIND_FACTOR = 2.0
-BEHIND_FLOOR = 0.5
-_ROUND_TRIPS = 64
 
 
 class PeerPace:
@@ -58,7 +46,6 @@ class PeerPace:
         # event id -> its number and when it was persisted
         self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._progress = asyncio.Event()
-        self._round_trips: deque[float] = deque(maxlen=_ROUND_TRIPS)
 
     @property
     def last_sent(self) -> int:
@@ -94,9 +81,7 @@ class PeerPace:
         if found is None:
             return False
         n, persisted = found
-        round_trip = time.monotonic() - persisted
-        self._round_trip.observe(round_trip)
-        self._round_trips.append(round_trip)
+        self._round_trip.observe(time.monotonic() - persisted)
         while self._unconfirmed:
             _first, (first_n, _at) = next(iter(self._unconfirmed.items()))
             if first_n > n:
@@ -109,24 +94,9 @@ class PeerPace:
             self._progress.set()
         return True
 
-    @property
-    def behind_after(self) -> float:
-        """How old the oldest unconfirmed event may grow before the far side counts as behind
-        (seconds)."""
-        return max(BEHIND_FLOOR, BEHIND_FACTOR * min(self._round_trips, default=0.0))
-
-    def _behind(self) -> bool:
-        if not self._unconfirmed or not self._round_trips:
-            return False
-        _n, oldest = next(iter(self._unconfirmed.values()))
-        return time.monotonic() - oldest > self.behind_after
-
-    async def pace(self, queued: int) -> None:
-        """Return when the next event, of ``queued`` waiting items, may leave: at once while the
-        window has room, or for a lone item."""
+    async def pace(self) -> None:
+        """Return when the next event may leave: at once while the window has room."""
         if not self._window or not self._confirming or self.in_flight < self._window:
-            return
-        if queued <= 1 and not self._behind():
             return
         deadline = asyncio.get_running_loop().time() + self._max_hold
         while self.in_flight >= self._window:

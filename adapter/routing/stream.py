@@ -117,7 +117,7 @@ class BatchStream(Generic[T]):
         admit: Callable[[T], bool] | None = None,
         ready: asyncio.Event | None = None,
         on_refused: OnRefused | None = None,
-        pace: Callable[[int], Awaitable[None]] | None = None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self._encoder = encoder
@@ -135,8 +135,8 @@ class BatchStream(Generic[T]):
         # Nothing is sent before this is set (a lane waits for its recovery).
         self._ready = ready
         self._on_refused = on_refused
-        # Awaited, with the number of items queued, before each batch is taken: the far side
-        # may ask the stream to wait, and what queues meanwhile leaves in that batch (flow.py).
+        # Awaited before each batch is taken: the far side may ask the stream to wait, and what
+        # queues meanwhile leaves in that one batch (flow.py).
         self._pace = pace
         self._refused = metrics.refused_items.labels(name)
         self._dropped = metrics.stream_dropped.labels(name)
@@ -195,7 +195,7 @@ class BatchStream(Generic[T]):
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if self._pace is not None:
-                    await self._pace(len(self._queue))
+                    await self._pace()
                 if self._background and self._traffic is not None:
                     limits = self._limits
                     await self._traffic.gap(limits.quiet, self._oldest + limits.max_delay)
