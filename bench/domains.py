@@ -85,6 +85,8 @@ class Plan:
     # The light-load latency, publication and burst scenarios (and their bare baselines);
     # without them, only the crowds (bench/run.py --only federation-crowd).
     classic: bool = True
+    # The bare pipeline across at the first crowd's rate (not in the smoke run: ~40 s).
+    bare_crowd: bool = True
 
     @property
     def msg_test(self) -> str:
@@ -103,6 +105,7 @@ QUICK = Plan(
     pub_subscribers=20,
     pub_rounds=1,
     crowd=(Cell(10, 2.0, duration=3, warmup=1, drain=20, size=200),),
+    bare_crowd=False,
 )
 
 
@@ -494,7 +497,7 @@ async def _crowds(
             except Exception as exc:  # noqa: BLE001 - one failed cell must not lose the others
                 say(f"  [red]{test} ({target}) failed: {exc!r}")
                 results.add(test, target=target, error=repr(exc), load1=_load())
-    for cell in plan.crowd[:1]:
+    for cell in plan.crowd[: 1 if plan.bare_crowd else 0]:
         test = f"fed_{cell.label}"
         count = int(cell.offered * BARE_CROWD_SECONDS)
         say(f"  bare pipeline across at {test}'s rate: {count} events at {cell.offered:g}/s")

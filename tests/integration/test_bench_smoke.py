@@ -91,8 +91,8 @@ async def test_unknown_benchmark_group_is_refused() -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     assert (
-        "--only takes allocation, bare, churn, crowd, federation, hostile, latency, memory, "
-        "messaging, publication, soak" in err.decode()
+        "--only takes allocation, bare, churn, crowd, federation, federation-crowd, hostile, "
+        "latency, memory, messaging, publication, soak" in err.decode()
     )
 
 
