@@ -67,6 +67,12 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
             row = next(r for r in rows if r["test"] == test and r["target"] == target)
             assert "error" not in row and row.get("ms", row.get("p50_ms")) is not None, row
     assert {("fed_latency", "bare_cross"), ("fed_pub_10000_event", "bare_cross")} <= tests
+    # The crowd within A and across to B, on the same stack, with the CPU of both sides.
+    for target in ("cross", "intra"):
+        crowd = next(r for r in rows if r["test"] == "fed_crowd_10x2" and r["target"] == target)
+        assert crowd["measured"] == crowd["senders"] * crowd["rate"] * crowd["window_s"], crowd
+        assert crowd["lost"] == 0 and crowd["duplicates"] == 0, crowd
+        assert {"node_a", "synapse_a", "node_b", "synapse_b"} <= set(crowd["cpu_pct"]), crowd
     loss = next(c for c in report["checks"] if c["check"].startswith("federation: zero loss"))
     assert loss["met"] is True, loss
     # A hostile runtime beside a crowd: both arms ran, every attack was tried and got nothing.
