@@ -37,6 +37,11 @@ class Recorder:
                 await self.arrived.wait()
 
 
+async def exploding(_txn: str, _events: list[dict[str, Any]]) -> None:
+    """A consumer with a bug: fails on whatever it is given."""
+    raise ValueError("a consumer bug")
+
+
 def as_url(node: Node, path: str) -> str:
     return f"http://127.0.0.1:{node.appservice_port}{path}"
 
@@ -199,9 +204,6 @@ async def test_garbage_transactions_do_not_take_the_node_down(
     recorder = Recorder()
     node.inbound.subscribe(EVENT_TYPE, recorder)
 
-    async def exploding(_txn: str, _events: list[dict[str, Any]]) -> None:
-        raise ValueError("a consumer bug")
-
     node.inbound.subscribe("eu.rethink-project.test.explode", exploding)
     token = homeserver.hs_token
     async with aiohttp.ClientSession() as session:
@@ -237,9 +239,6 @@ async def test_ephemeral_events_are_taken_without_storing_the_transaction(
     node.inbound.subscribe_ephemeral("m.receipt", receipts)
     pings = Recorder()
     node.inbound.subscribe(EVENT_TYPE, pings)
-
-    async def exploding(_txn: str, _events: list[dict[str, Any]]) -> None:
-        raise ValueError("a consumer bug")
 
     node.inbound.subscribe_ephemeral("m.typing", exploding)
     token = homeserver.hs_token
