@@ -32,6 +32,7 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "RETHINK_MN_DATABASE_URL": ("database", "url"),
     "RETHINK_MN_SESSION_SECRET": ("stub", "session_secret"),
     "RETHINK_MN_POLICY_TOKEN": ("policy_api", "token"),
+    "RETHINK_MN_DASHBOARD_TOKEN": ("dashboard", "token"),
 }
 
 # Matrix user-id localparts: the historical grammar allowed by the spec for new ids.
@@ -336,6 +337,33 @@ class DatabaseConfig(_Strict):
         return value
 
 
+class DashboardConfig(_Strict):
+    """The live ops dashboard (GET /dashboard, /dashboard/data.json on the appservice listener)
+    and the background worker that keeps its figures current (adapter/ops/)."""
+
+    enabled: bool = True
+    # Run the worker as a child of this node. False: serve what is in state_dir (another
+    # process of yours publishes there), e.g. on all but one of several node processes.
+    worker: bool = True
+    # Bearer token (or ?token= on the page) for requests that do not come from loopback; null:
+    # the dashboard answers loopback only.
+    token: str | None = Field(default=None, min_length=16)
+    # Requests from 127.0.0.1/::1 need no token. Behind a reverse proxy on the same machine
+    # every request comes from loopback: set this to false there.
+    trust_loopback: bool = True
+    # The worker exports what is new and runs the Spark job this often (at least; a slow run
+    # makes it wait longer, see adapter/ops/refresh.py).
+    refresh_seconds: float = Field(default=30.0, ge=1)
+    # The figures cover this much of the most recent traffic.
+    window_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60)
+    # Where the worker keeps its export and aggregates.
+    state_dir: str = "var/dashboard"
+    # The worker's Spark: one core of this machine by default, leaving the rest to the node and
+    # the homeserver. Any master URL works: spark://host:7077, or sc://host:15002 (Connect).
+    spark_master: str = "local[1]"
+    spark_driver_memory: str = "1g"
+
+
 class LoggingConfig(_Strict):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] = "console"
@@ -356,6 +384,7 @@ class NodeConfig(_Strict):
     policy_api: PolicyApiConfig = PolicyApiConfig()
     registry: DomainRegistryConfig = DomainRegistryConfig()
     global_registry: ConnectorConfig = ConnectorConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     logging: LoggingConfig = LoggingConfig()
 
     @property

@@ -16,6 +16,7 @@ import contextlib
 import secrets
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -43,6 +44,9 @@ from .observability import (
     watch_event_loop,
     watch_garbage_collector,
 )
+from .ops.layout import DashboardLayout
+from .ops.live_dashboard import LiveDashboard
+from .ops.worker import DashboardWorker
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
@@ -281,6 +285,17 @@ class Node:
             cfg.routing.max_backlog_bytes_per_connection,
         )
 
+        # Operations: the live dashboard, and the worker process that keeps its figures current.
+        self.dashboard: LiveDashboard | None = None
+        self._dashboard_worker: DashboardWorker | None = None
+        if cfg.dashboard.enabled:
+            layout = DashboardLayout(Path(cfg.dashboard.state_dir))
+            self.dashboard = LiveDashboard(
+                cfg.dashboard, cfg.domain, layout, lambda: self.stub_endpoint.open_connections
+            )
+            if cfg.dashboard.worker:
+                self._dashboard_worker = DashboardWorker(cfg, layout)
+
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._unwatch_gc: Callable[[], None] = lambda: None
@@ -437,6 +452,8 @@ class Node:
         HealthEndpoints(
             {"homeserver": self._probe_homeserver, "database": self._probe_database}, self.metrics
         ).add_routes(as_app)
+        if self.dashboard is not None:
+            self.dashboard.add_routes(as_app)
         if self.registry is not None:
             if self.registry.rest_api is not None:
                 self.registry.rest_api.add_routes(as_app)
@@ -474,6 +491,10 @@ class Node:
             ]
         if self.peer_feeds is not None:
             await self.peer_feeds.start(positions)
+        if self.dashboard is not None:
+            self.dashboard.start()
+        if self._dashboard_worker is not None:
+            self._dashboard_worker.start()
         log.info(
             "node started",
             appservice=f"http://{cfg.appservice.listen.host}:{self.appservice_port}",
@@ -532,6 +553,10 @@ class Node:
             return
         self.running = False
         self._unwatch_gc()
+        if self.dashboard is not None:
+            await self.dashboard.stop()
+        if self._dashboard_worker is not None:
+            await self._dashboard_worker.stop()
         await self.stub_endpoint.stop_reading(SHUTDOWN_FLUSH_SECONDS)
         if self.lanes is not None:
             await self._flush_lanes()

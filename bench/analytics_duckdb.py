@@ -26,10 +26,11 @@ CREATE OR REPLACE VIEW receipts AS
 _TEMP_TABLES: Final = {
     "fanout": """
         WITH once AS (
-            SELECT event_id, index_in_event, max(delivered) AS delivered
+            SELECT event_id, index_in_event, max(delivered) AS delivered, min(ts) AS delivered_ts
             FROM receipts GROUP BY ALL
         )
-        SELECT m.type, m."to", once.delivered
+        SELECT m.type, m."to", once.delivered, m.from_domain, m.to_domain,
+               m.ts - m.ts % 60000 AS minute, once.delivered_ts - m.ts AS latency_ms
         FROM messages m LEFT JOIN once USING (event_id, index_in_event)
         WHERE m.kind = 'routed' AND m.event_id IS NOT NULL AND m.index_in_event IS NOT NULL
     """,
@@ -112,6 +113,17 @@ def _aggregates(top_n: int) -> dict[str, str]:
                    count(*) FILTER (WHERE response_code >= 400) AS errors,
                    count(*) FILTER (WHERE response_code >= 400) / count(*) AS error_rate
             FROM messages WHERE type = 'response' AND response_code IS NOT NULL GROUP BY ALL""",
+        "errors_per_minute": f"""
+            SELECT {MINUTE} AS minute, response_code, count(*) AS responses
+            FROM messages WHERE type = 'response' AND response_code >= 400 GROUP BY ALL""",
+        "delivery_latency": f"""
+            SELECT false AS all_routes, from_domain, to_domain, {_LATENCY_STATS}
+            FROM fanout WHERE latency_ms IS NOT NULL GROUP BY ALL
+            UNION ALL
+            SELECT true, NULL, NULL, {_LATENCY_STATS} FROM fanout WHERE latency_ms IS NOT NULL""",
+        "delivery_latency_per_minute": f"""
+            SELECT minute, {_LATENCY_STATS}
+            FROM fanout WHERE latency_ms IS NOT NULL GROUP BY ALL""",
         "latency_overall": f"SELECT {_LATENCY_STATS} FROM latency_pairs",
         "latency_by_type": f"""
             SELECT request_type, {_LATENCY_STATS} FROM latency_pairs GROUP BY ALL""",

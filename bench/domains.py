@@ -207,6 +207,7 @@ class Domain:
             },
             "federation": {"peers": {peer.name: {"server_name": peer.server_name}}},
             "database": {"url": db_url},
+            "dashboard": {"worker": False},
             "logging": {"level": "WARNING", "format": "json"},
         }
 

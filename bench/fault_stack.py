@@ -309,6 +309,7 @@ def write_node_config(
             },
             "database": {"url": db_url},
             "federation": {"peers": federation},
+            "dashboard": {"worker": False},
             "logging": {"level": "INFO", "format": "json"},
         },
         path,

@@ -242,6 +242,7 @@ def write_config(
                 },
                 "database": {"url": db_url},
                 "routing": {"journal": journal},
+                "dashboard": {"worker": False},
                 "logging": {"level": "WARNING", "format": "json"},
             }
         ),

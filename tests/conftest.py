@@ -63,6 +63,8 @@ class Homeserver:
             # otherwise; tests of `refuse` set it.
             "stub": {"listen": {"host": "127.0.0.1", "port": 0}, "tokenless_sessions": "allow"},
             "database": {"url": database_url},
+            # Integration tests of the dashboard start its worker themselves.
+            "dashboard": {"worker": False},
         }
         for dotted, value in overrides.items():
             node = raw

@@ -1,7 +1,8 @@
 """Traffic analytics of the Message Node: room-event export in, aggregates and a dashboard out.
 
     export (docs/export-schema.md) --job.py (PySpark)--> Parquet aggregates + summary.json
-                                   --dashboard.py (pyarrow)--> one offline HTML file
+                                   --panels.py (pyarrow)--> the dashboard's figures
+                                   --dashboard.py--> a page drawn by plotly.js (live or a file)
 
 Modules, one job each:
 
@@ -13,7 +14,8 @@ Modules, one job each:
 * `names`        names of the outputs (no Spark import: the dashboard uses it)
 * `output`       writes the small aggregates and summary.json
 * `job`          `build_spark`, `run_analysis` and the command line / spark-submit entry
-* `svg_charts`   inline-SVG charts; `dashboard` builds the HTML page from the aggregates
+* `panels`       the dashboard's figures (Plotly specs) and numbers, from the aggregates
+* `dashboard`    the dashboard page: live (served by the node) or one self-contained file
 
 Synthetic exports with known answers, for the tests and the benchmark, are in
 tests/support/synthetic/.

@@ -66,6 +66,13 @@ def build_spark(
     the UI costs start-up time) and the driver gets `driver_memory`; under spark-submit those
     stay whatever its command line says.
     """
+    if master is not None and master.startswith("sc://"):
+        # Spark Connect: the server has its own master and settings; only the session's are ours.
+        remote = SparkSession.builder.remote(master).getOrCreate()
+        remote.conf.set("spark.sql.session.timeZone", "UTC")
+        if shuffle_partitions is not None:
+            remote.conf.set("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        return remote
     submitted = _started_by_spark_submit()
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
@@ -86,6 +93,17 @@ def build_spark(
     spark = builder.getOrCreate()
     _local_defaults(spark)
     return spark
+
+
+def is_remote(spark: SparkSession) -> bool:
+    """A Spark Connect session (it has no SparkContext on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def quiet(spark: SparkSession) -> None:
+    """Only errors from the JVM on stderr (a Connect server logs on its own side)."""
+    if not is_remote(spark):
+        spark.sparkContext.setLogLevel("ERROR")
 
 
 def _local_defaults(spark: SparkSession) -> None:
@@ -127,7 +145,9 @@ def _as_int(value: Any) -> int:
     return int(value) if value is not None else 0
 
 
-def _input_messages(inputs: Mapping[str, DatasetInventory], rows: Mapping[str, int]) -> list[str]:
+def _input_messages(
+    inputs: Mapping[str, DatasetInventory], rows: Mapping[str, int], windowed: bool = False
+) -> list[str]:
     """Plain-language notes on what was read and skipped, for the operator."""
     notes: list[str] = []
     for name, inventory in inputs.items():
@@ -144,7 +164,8 @@ def _input_messages(inputs: Mapping[str, DatasetInventory], rows: Mapping[str, i
             notes.append(f"{name}: skipped {skipped.path}: {skipped.reason}")
         for column, files in sorted(inventory.missing_columns.items()):
             notes.append(f"{name}: {files} file(s) lack column {column!r}; read as null")
-        lost = inventory.footer_rows - rows[name] if inventory.listed else 0
+        # With a time window the rows before it are left out on purpose.
+        lost = inventory.footer_rows - rows[name] if inventory.listed and not windowed else 0
         if lost > 0:
             notes.append(
                 f"{name}: {lost} row(s) announced by file footers are missing from the results"
@@ -271,13 +292,15 @@ def run_analysis(
     *,
     top_n: int = DEFAULT_TOP_N,
     inputs: Inputs | None = None,
+    since_ms: int | None = None,
 ) -> dict[str, Any]:
     """Compute every aggregate of `input_dir` into `output_dir`; return (and write) the summary.
 
     Never raises for bad input: unreadable files are skipped and listed in the summary, whose
     `status` is `ok`, `partial` (something skipped) or `empty` (no row could be read; then no
     aggregate is written and earlier ones in `output_dir` are removed). `inputs` is the result of
-    `inventory_inputs(input_dir)` when the caller already has it.
+    `inventory_inputs(input_dir)` when the caller already has it. With `since_ms` only rows whose
+    `ts` is at or after it are analysed (the live dashboard's window).
 
     A file whose footer is fine but whose data is corrupt only fails when a pipeline decodes the
     broken column. Spark's ignoreCorruptFiles would then drop it from that pipeline only (each
@@ -294,7 +317,7 @@ def run_analysis(
         run = _Run(OutputDir(str(output_dir)))
         run.timings["inventory"] = inventory_s
         try:
-            return _analyse(spark, run, inputs, input_dir, output_dir, top_n)
+            return _analyse(spark, run, inputs, input_dir, output_dir, top_n, since_ms)
         except (Py4JJavaError, PySparkException) as error:
             run.release()
             culprit = _unreadable_file(error, inputs)
@@ -311,20 +334,27 @@ def _analyse(
     input_dir: str | Path,
     output_dir: str | Path,
     top_n: int,
+    since_ms: int | None,
 ) -> dict[str, Any]:
     messages = _read_dataset(spark, inputs["messages"], MESSAGES_SCHEMA)
     receipts = _read_dataset(spark, inputs["receipts"], RECEIPTS_SCHEMA)
+    if since_ms is not None:
+        messages = messages.where(F.col("ts") >= since_ms)
+        receipts = receipts.where(F.col("ts") >= since_ms)
 
     traffic = run.rollup("traffic_rollup", agg.traffic_rollup(messages))
-    fanout = run.rollup("fanout_rollup", agg.fanout_rollup(messages, receipts))
+    per_message = run.rollup("message_rollup", agg.message_rollup(messages, receipts))
+    fanout = run.rollup("fanout_rollup", agg.fanout_rollup(per_message))
     totals = _first(agg.message_totals(traffic))
     receipt_totals = _first(agg.fanout_totals(fanout))
     rows = {
         "messages": _as_int(totals.get("rows")),
         "receipts": _as_int(receipt_totals.get("receipt_rows")),
     }
-    notes = _input_messages(inputs, rows)
+    notes = _input_messages(inputs, rows, windowed=since_ms is not None)
     summary = {**_base_summary(input_dir, output_dir, inputs), "rows_read": rows}
+    if since_ms is not None:
+        summary["since_ms"] = since_ms
     if rows["messages"] + rows["receipts"] == 0:
         return _empty(run, summary, notes)
 
@@ -334,6 +364,13 @@ def _analyse(
     run.write(names.TOP_TALKERS, agg.top_talkers(talkers, top_n))
     codes = run.write(names.RESPONSE_CODES, agg.response_codes(traffic))
     run.write(names.ERROR_RATE_PER_MINUTE, agg.error_rate_per_minute(traffic))
+    run.write(names.ERRORS_PER_MINUTE, agg.errors_per_minute(traffic))
+    times = agg.delivery_times(per_message)
+    routes = run.write(
+        names.DELIVERY_LATENCY,
+        agg.delivery_latency_by_route(times, agg.domain_names(talkers)),
+    )
+    run.write(names.DELIVERY_LATENCY_PER_MINUTE, agg.delivery_latency_per_minute(times))
     pairs = run.rollup("latency_pairs", agg.latency_pairs(messages))
     overall = run.write(names.LATENCY_OVERALL, agg.latency_overall(pairs))
     run.write(names.LATENCY_BY_TYPE, agg.latency_by_type(pairs))
@@ -356,10 +393,13 @@ def _analyse(
     responses_coded = sum(row["responses"] for row in coded)
     errors = sum(row["responses"] for row in coded if row["response_code"] >= 400)
     lost = sum(
-        inventory.footer_rows - rows[name] for name, inventory in inputs.items() if inventory.listed
+        inventory.footer_rows - rows[name]
+        for name, inventory in inputs.items()
+        if inventory.listed and since_ms is None
     )
     skipped = sum(len(inventory.skipped) for inventory in inputs.values())
     latency = overall[0] if overall else {}
+    delivery = next((row for row in routes if row["all_routes"]), {})
     summary.update(
         status="partial" if skipped or lost > 0 else "ok",
         notes=notes,
@@ -383,6 +423,11 @@ def _analyse(
             "pairs": _as_int(latency.get("pairs")),
             "p50_ms": latency.get("p50_ms"),
             "p99_ms": latency.get("p99_ms"),
+        },
+        delivery_latency={
+            "pairs": _as_int(delivery.get("pairs")),
+            "p50_ms": delivery.get("p50_ms"),
+            "p99_ms": delivery.get("p99_ms"),
         },
         fanout={
             "routed_messages": sum(row["messages"] for row in distribution),
@@ -423,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = write_empty_summary(args.input, args.output, inputs)
     else:
         spark = build_spark(master=args.master, shuffle_partitions=args.shuffle_partitions)
-        spark.sparkContext.setLogLevel("ERROR")
+        quiet(spark)
         try:
             summary = run_analysis(spark, args.input, args.output, top_n=args.top_n, inputs=inputs)
         except (PySparkException, Py4JError, OSError, pa.ArrowException) as exc:

@@ -18,6 +18,9 @@ FANOUT_DISTRIBUTION: Final = "fanout_distribution"
 FANOUT_BY_ADDRESS: Final = "fanout_by_address"
 CHURN_PER_MINUTE: Final = "churn_per_minute"
 BATCHING: Final = "batching"
+DELIVERY_LATENCY: Final = "delivery_latency"
+DELIVERY_LATENCY_PER_MINUTE: Final = "delivery_latency_per_minute"
+ERRORS_PER_MINUTE: Final = "errors_per_minute"
 
 AGGREGATE_NAMES: Final = (
     MESSAGES_PER_MINUTE,
@@ -31,6 +34,9 @@ AGGREGATE_NAMES: Final = (
     FANOUT_BY_ADDRESS,
     CHURN_PER_MINUTE,
     BATCHING,
+    DELIVERY_LATENCY,
+    DELIVERY_LATENCY_PER_MINUTE,
+    ERRORS_PER_MINUTE,
 )
 
 SUMMARY_FILE: Final = "summary.json"

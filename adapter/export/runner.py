@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -66,6 +66,39 @@ class ExportSummary:
 Progress = Callable[[str, int], None]  # (room alias, events so far in this run)
 
 
+class Positions(Protocol):
+    """Where a reader of the rooms stopped: a pagination token per room."""
+
+    async def get(self, room_id: str) -> tuple[str, int] | None: ...
+
+    async def save(self, room_id: str, token: str, events_added: int) -> None: ...
+
+
+class FilePositions:
+    """Positions in a JSON file of their own, for a reader that is not `rethink-mn export`
+    (the dashboard's worker): two readers sharing positions would each miss what the other
+    read. Written atomically after every page."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        try:
+            loaded = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            loaded = {}
+        self._positions: dict[str, list[Any]] = loaded if isinstance(loaded, dict) else {}
+
+    async def get(self, room_id: str) -> tuple[str, int] | None:
+        saved = self._positions.get(room_id)
+        return (str(saved[0]), int(saved[1])) if saved else None
+
+    async def save(self, room_id: str, token: str, events_added: int) -> None:
+        before = self._positions.get(room_id)
+        self._positions[room_id] = [token, (int(before[1]) if before else 0) + events_added]
+        tmp = self._path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(self._positions))
+        os.replace(tmp, self._path)
+
+
 def _write_parquet(rows: list[Row], schema: pa.Schema, directory: Path, name: str) -> int:
     """One file per date partition; atomic replace so a reader never sees half a file."""
     by_date: dict[str, list[Row]] = {}
@@ -87,10 +120,14 @@ async def export(
     *,
     page_size: int = 500,
     progress: Progress | None = None,
+    positions: Positions | None = None,
+    record_run: bool = True,
 ) -> ExportSummary:
+    """Export what is new in every room; `positions` default to the node's database. Each run
+    leaves `_runs/<run id>.json` unless `record_run` is false (a worker that runs every minute)."""
     summary = ExportSummary(datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
     db = Database(config.database.url)
-    positions = ExportPositionStore(db)
+    positions = positions if positions is not None else ExportPositionStore(db)
     try:
         rooms = await RoomStore(db).all()
         async with aiohttp.ClientSession() as http:
@@ -111,6 +148,8 @@ async def export(
                 )
     finally:
         await db.dispose()
+    if not record_run:
+        return summary
     runs = out_dir / "_runs"
     runs.mkdir(parents=True, exist_ok=True)
     (runs / f"{summary.run_id}.json").write_bytes(
@@ -121,7 +160,7 @@ async def export(
 
 async def _export_room(
     api: AppserviceAPI,
-    positions: ExportPositionStore,
+    positions: Positions,
     room_id: str,
     alias: str,
     creator: str,

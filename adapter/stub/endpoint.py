@@ -92,6 +92,10 @@ class StubEndpoint:
         self._decided = asyncio.Event()
         self._decided.set()
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
     async def stop_reading(self, timeout: float) -> None:
         """Read no more frames, and wait (at most ``timeout``) for those being decided."""
         self.closing = True

@@ -32,6 +32,9 @@ def loads_pyspark(module: str) -> bool:
         "adapter.cli",
         "adapter.localstack.synapse",
         "adapter.analytics.dashboard",
+        # The node serves the live dashboard; Spark runs in the worker process only.
+        "adapter.node",
+        "adapter.ops.live_dashboard",
     ],
 )
 def test_module_does_not_load_pyspark(module: str) -> None:

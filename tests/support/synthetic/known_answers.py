@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from adapter.analytics import aggregates as agg
 from adapter.analytics import names
@@ -72,6 +73,27 @@ def nearest_rank(sorted_values: IntArray, p: float) -> int:
     return int(sorted_values[rank - 1])
 
 
+_STAT_COLUMNS: Final = [
+    ("pairs", pa.int64()),
+    ("p50_ms", pa.int64()),
+    ("p90_ms", pa.int64()),
+    ("p99_ms", pa.int64()),
+    ("max_ms", pa.int64()),
+]
+
+
+def _stats(selected: IntArray) -> dict[str, Any]:
+    """pairs, nearest-rank percentiles and max of some latencies (None when there are none)."""
+    ordered = np.sort(selected)
+    if len(ordered) == 0:
+        return {"pairs": 0, **dict.fromkeys(("p50_ms", "p90_ms", "p99_ms", "max_ms"))}
+    return {
+        "pairs": len(ordered),
+        **{name: nearest_rank(ordered, p) for name, p in agg.PERCENTILES},
+        "max_ms": int(ordered[-1]),
+    }
+
+
 def _optional(code: int, names: tuple[str, ...]) -> str | None:
     return None if code == NULL else names[code]
 
@@ -92,6 +114,10 @@ class KnownAnswerBuilder:
         self.minute_errors: Counter[int] = Counter()
         self.latency_type: list[IntArray] = []
         self.latency_ms: list[IntArray] = []
+        self.minute_error_codes: Counter[tuple[int, int]] = Counter()
+        self.delivery_route: list[IntArray] = []
+        self.delivery_minute: list[IntArray] = []
+        self.delivery_ms: list[IntArray] = []
         self.delivered: Counter[int] = Counter()
         self.updates = np.zeros(len(world.pool), dtype=np.int64)
         self.updates_with_receipt = np.zeros(len(world.pool), dtype=np.int64)
@@ -137,6 +163,11 @@ class KnownAnswerBuilder:
         coded = responses & (r["code"] >= 0)
         self.minute_responses.update(_counts(minute_index[coded]))
         self.minute_errors.update(_counts(minute_index[coded & (r["code"] >= 400)]))
+        errors = coded & (r["code"] >= 400)
+        self.minute_error_codes.update(
+            zip(minute_index[errors].tolist(), r["code"][errors].tolist(), strict=True)
+        )
+        self._add_deliveries(chunk, domain_key, minute_index)
 
         self.latency_type.append(chunk.latency_type)
         self.latency_ms.append(chunk.latency_ms)
@@ -191,6 +222,55 @@ class KnownAnswerBuilder:
             self.ts_min = low if self.ts_min is None else min(self.ts_min, low)
             self.ts_max = high if self.ts_max is None else max(self.ts_max, high)
 
+    def _add_deliveries(self, chunk: Chunk, route: IntArray, minute_index: IntArray) -> None:
+        """Routed rows with a receipt: first receipt ts minus the row's ts, by route and minute."""
+        r, receipts = chunk.rows, chunk.receipts
+        key_bits = 20  # index_in_event < 2**20, as the generator's own key
+        receipt_key = (receipts["event"] << key_bits) + receipts["idx"]
+        order = np.lexsort((receipts["ts"], receipt_key))
+        keys, first = np.unique(receipt_key[order], return_index=True)
+        first_ts = receipts["ts"][order][first]
+        row_key = (r["event"] << key_bits) + r["idx"]
+        slot = np.minimum(np.searchsorted(keys, row_key), len(keys) - 1)
+        found = (r["kind"] == K_ROUTED) & (len(keys) > 0) & (keys[slot] == row_key)
+        self.delivery_route.append(route[found])
+        self.delivery_minute.append(minute_index[found])
+        self.delivery_ms.append(first_ts[slot][found] - r["ts"][found])
+
+    def _deliveries(self, authority: Any) -> tuple[pa.Table, pa.Table]:
+        authorities = len(self.world.authorities) + 1
+        routes = np.concatenate(self.delivery_route)
+        minutes = np.concatenate(self.delivery_minute)
+        values = np.concatenate(self.delivery_ms)
+        by_route = [
+            {
+                "all_routes": False,
+                "from_domain": authority(int(route) // authorities),
+                "to_domain": authority(int(route) % authorities),
+                **_stats(values[routes == route]),
+            }
+            for route in np.unique(routes)
+        ]
+        by_route.append(
+            {"all_routes": True, "from_domain": None, "to_domain": None, **_stats(values)}
+        )
+        by_minute = [
+            {"minute": int(m) * MINUTE_MS, **_stats(values[minutes == m])}
+            for m in np.unique(minutes)
+        ]
+        return (
+            _table(
+                by_route,
+                [
+                    ("all_routes", pa.bool_()),
+                    ("from_domain", pa.string()),
+                    ("to_domain", pa.string()),
+                    *_STAT_COLUMNS,
+                ],
+            ),
+            _table(by_minute, [("minute", pa.int64()), *_STAT_COLUMNS]),
+        )
+
     def _talkers(self) -> pa.Table:
         world = self.world
         rows: list[dict[str, Any]] = []
@@ -231,30 +311,13 @@ class KnownAnswerBuilder:
         types = np.concatenate(self.latency_type) if self.latency_type else np.zeros(0, np.int64)
         values = np.concatenate(self.latency_ms) if self.latency_ms else np.zeros(0, np.int64)
 
-        def stats(selected: IntArray) -> dict[str, Any]:
-            ordered = np.sort(selected)
-            if len(ordered) == 0:
-                return {"pairs": 0, **dict.fromkeys(("p50_ms", "p90_ms", "p99_ms", "max_ms"))}
-            return {
-                "pairs": len(ordered),
-                **{name: nearest_rank(ordered, p) for name, p in agg.PERCENTILES},
-                "max_ms": int(ordered[-1]),
-            }
-
-        stat_columns = [
-            ("pairs", pa.int64()),
-            ("p50_ms", pa.int64()),
-            ("p90_ms", pa.int64()),
-            ("p99_ms", pa.int64()),
-            ("max_ms", pa.int64()),
-        ]
-        overall = _table([stats(values)], stat_columns)
+        overall = _table([_stats(values)], _STAT_COLUMNS)
         by_type = _table(
             [
-                {"request_type": TYPES[int(t)], **stats(values[types == t])}
+                {"request_type": TYPES[int(t)], **_stats(values[types == t])}
                 for t in np.unique(types)
             ],
-            [("request_type", pa.string()), *stat_columns],
+            [("request_type", pa.string()), *_STAT_COLUMNS],
         )
         return overall, by_type
 
@@ -319,6 +382,16 @@ class KnownAnswerBuilder:
                 ("error_rate", pa.float64()),
             ],
         )
+        tables[names.ERRORS_PER_MINUTE] = _table(
+            [
+                {"minute": minute * MINUTE_MS, "response_code": code, "responses": n}
+                for (minute, code), n in self.minute_error_codes.items()
+            ],
+            [("minute", pa.int64()), ("response_code", pa.int32()), ("responses", pa.int64())],
+        )
+        by_route, by_minute = self._deliveries(authority)
+        tables[names.DELIVERY_LATENCY] = by_route
+        tables[names.DELIVERY_LATENCY_PER_MINUTE] = by_minute
         overall, by_type = self._latency()
         tables[names.LATENCY_OVERALL] = overall
         tables[names.LATENCY_BY_TYPE] = by_type
@@ -401,6 +474,13 @@ class KnownAnswerBuilder:
                 "error_rate": errors / with_code if with_code else None,
             },
             "latency": {"pairs": tables[names.LATENCY_OVERALL].column("pairs")[0].as_py()},
+            "delivery_latency": {
+                key: tables[names.DELIVERY_LATENCY]
+                .filter(pc.field("all_routes"))
+                .column(key)[0]
+                .as_py()
+                for key in ("pairs", "p50_ms", "p99_ms")
+            },
             "fanout": {
                 "routed_messages": sum(self.delivered.values()),
                 "without_receipt": self.delivered[NULL],

@@ -1,0 +1,188 @@
+"""The dashboard's worker process: export what is new, analyse the window, publish, repeat.
+
+Started by the node (adapter/ops/worker.py) as
+
+    python -m adapter.ops.refresh < config.json
+
+with the node's resolved configuration as JSON on stdin (its secrets never sit on a command
+line). It runs apart from the node on purpose: Spark's JVM and the export's row building never
+touch the node's event loop, and the process runs at a lower CPU priority (nice 10), with one
+Spark core by default (`dashboard.spark_master`).
+
+Each cycle:
+1. export what the rooms hold beyond the worker's own positions (`positions.json`; separate
+   from `rethink-mn export`'s, so the two never take each other's rows) into `export/`;
+2. delete export files whose newest row is older than the window;
+3. run the Spark job over the window into a new `aggregates/<n>/` and point `current` at it
+   (a symlink replaced atomically: the node never reads a half-written cycle);
+4. wait `refresh_seconds` from the cycle's start, and never less than the cycle took, so the
+   worker's average CPU stays below half of what it is allowed.
+
+`status.json` says how the last cycle went; the node shows it on the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from adapter.analytics.job import (
+    build_spark,
+    inventory_inputs,
+    nothing_to_read,
+    quiet,
+    run_analysis,
+    write_empty_summary,
+)
+from adapter.config import NodeConfig
+from adapter.export.runner import FilePositions, export
+from adapter.ops.layout import DashboardLayout
+
+KEEP_CYCLES: Final = 2
+"""Finished aggregate directories kept (the current one and the one before, still being read)."""
+NICE: Final = 10
+
+
+def _newest_ts(path: Path) -> int | None:
+    """The largest `ts` in a Parquet file, from its footer statistics (no data read)."""
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except (OSError, pa.ArrowException, ValueError):
+        return None
+    index = metadata.schema.to_arrow_schema().get_field_index("ts")
+    newest: int | None = None
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics if index >= 0 else None
+        if stats is None or not stats.has_min_max:
+            return None
+        value = int(stats.max)
+        newest = value if newest is None else max(newest, value)
+    return newest
+
+
+def prune_export(export_dir: Path, before_ms: int) -> int:
+    """Delete export files whose rows are all older than `before_ms`; return how many."""
+    removed = 0
+    for path in export_dir.glob("*/date=*/*.parquet"):
+        newest = _newest_ts(path)
+        if newest is not None and newest < before_ms:
+            path.unlink(missing_ok=True)
+            removed += 1
+    for directory in export_dir.glob("*/date=*"):
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only when empty
+    return removed
+
+
+class Refresher:
+    def __init__(self, config: NodeConfig, layout: DashboardLayout) -> None:
+        self._config = config
+        self._layout = layout
+        self._settings = config.dashboard
+        self._spark: Any = None
+        self._cycle = 0
+        self.stopping = False
+
+    def _spark_session(self) -> Any:
+        if self._spark is None:
+            self._spark = build_spark(
+                master=self._settings.spark_master,
+                app_name="rethink-mn-dashboard",
+                shuffle_partitions=4,
+                driver_memory=self._settings.spark_driver_memory,
+                extra_conf={"spark.sql.catalogImplementation": "in-memory"},
+            )
+            quiet(self._spark)
+        return self._spark
+
+    def cycle(self) -> dict[str, Any]:
+        layout = self._layout
+        started = time.time()
+        exported = asyncio.run(
+            export(
+                self._config,
+                layout.export_dir,
+                positions=FilePositions(layout.positions_file),
+                record_run=False,
+            )
+        )
+        exported_s = time.time() - started
+        since_ms = int((started - 60 * self._settings.window_minutes) * 1000)
+        pruned = prune_export(layout.export_dir, since_ms)
+        self._cycle += 1
+        target = layout.new_cycle_dir(self._cycle)
+        inputs = inventory_inputs(layout.export_dir)
+        if nothing_to_read(inputs):
+            summary = write_empty_summary(layout.export_dir, target, inputs)
+        else:
+            summary = run_analysis(
+                self._spark_session(), layout.export_dir, target, inputs=inputs, since_ms=since_ms
+            )
+        layout.publish(target)
+        layout.drop_old_cycles(KEEP_CYCLES)
+        return {
+            "state": "ok",
+            "finished_ms": int(time.time() * 1000),
+            "cycle_seconds": round(time.time() - started, 3),
+            "export_seconds": round(exported_s, 3),
+            "exported_events": exported.events,
+            "pruned_files": pruned,
+            "rows_analysed": summary.get("rows_read"),
+            "window_minutes": self._settings.window_minutes,
+        }
+
+    def run(self) -> None:
+        while not self.stopping:
+            started = time.monotonic()
+            try:
+                status = self.cycle()
+            except Exception as exc:  # noqa: BLE001 - one bad cycle must not end the worker
+                status = {
+                    "state": "failed",
+                    "finished_ms": int(time.time() * 1000),
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                }
+                print(f"dashboard cycle failed: {status['error']}", file=sys.stderr, flush=True)
+            elapsed = time.monotonic() - started
+            status["next_in_seconds"] = round(
+                max(self._settings.refresh_seconds - elapsed, elapsed), 1
+            )
+            self._layout.write_status(status)
+            deadline = time.monotonic() + status["next_in_seconds"]
+            while not self.stopping and time.monotonic() < deadline:
+                time.sleep(min(0.5, deadline - time.monotonic()))
+        if self._spark is not None:
+            self._spark.stop()
+
+
+def main() -> int:
+    config = NodeConfig.model_validate_json(sys.stdin.read())
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    layout = DashboardLayout(Path(config.dashboard.state_dir))
+    layout.prepare()
+    refresher = Refresher(config, layout)
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        refresher.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    refresher.run()
+    return 0
+
+
+if __name__ == "__main__":
+    # Spark's Python workers (if any) run the same interpreter as this process.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    raise SystemExit(main())
