@@ -53,6 +53,8 @@ def _page(head_scripts: str, body_attributes: str, tail: str, subtitle: str) -> 
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        # No favicon to fetch (a browser asks for /favicon.ico otherwise).
+        '<link rel="icon" href="data:,">'
         f"<title>{TITLE}</title><style>{_STYLE}</style>{head_scripts}</head><body>"
         f'<h1>{TITLE}</h1><p class="meta">{escape(subtitle)} '
         '<span id="generated"></span> <span id="refresh"></span></p>'

@@ -348,14 +348,23 @@ def _domain_traffic(rows: Rows) -> Panel:
 
 
 def _federation(rows: Rows, local_domain: str) -> Panel:
-    """Messages to and from each peer domain, seen from `local_domain`."""
+    """Messages to and from each peer domain, seen from `local_domain`.
+
+    The node's own addresses (domain://msg-node.<domain>/...) are of its domain, not a peer's.
+    """
+
+    def local(domain: str | None) -> bool:
+        return domain is not None and (
+            domain == local_domain or domain.endswith("." + local_domain)
+        )
+
     sent: dict[str, int] = defaultdict(int)
     received: dict[str, int] = defaultdict(int)
     for row in rows:
         source, target = row["from_domain"], row["to_domain"]
-        if source == local_domain and target not in (None, local_domain):
+        if local(source) and target is not None and not local(target):
             sent[target] += row["messages"]
-        elif target == local_domain and source not in (None, local_domain):
+        elif local(target) and source is not None and not local(source):
             received[source] += row["messages"]
     peers = sorted(set(sent) | set(received))
     traces = [

@@ -1,0 +1,165 @@
+"""The live dashboard: traffic through a real node and Synapse shows up, with its latency, in
+headless Chromium while the node runs; its worker is a real process running the Spark job."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from adapter.node import Node
+from adapter.storage import migrate
+
+from ..conftest import Databases, NodeFactory
+from ..support.browser import chromium_browser
+from ..support.runtime import PyRuntime
+
+pytestmark = [pytest.mark.integration]
+D = "mn.test"
+TOKEN = "operator-token-for-the-dashboard"
+EXCHANGES = 60
+# Every panel but federation (this domain has no peer) and churn (no allocation is deleted or
+# subscribed here; it is drawn from the allocation counts anyway) must have data.
+PANELS_WITH_DATA = (
+    "runtimes",
+    "messages",
+    "errors",
+    "codes",
+    "latency-over-time",
+    "latency-by-route",
+    "request-latency",
+    "domains",
+    "top-runtimes",
+    "top-hypertys",
+    "lanes",
+    "fanout",
+)
+
+
+async def _traffic(node: Node) -> tuple[int, list[PyRuntime]]:
+    """Requests from A to B, each answered by B, and one request to nobody (404).
+
+    Returns the number of messages routed between them, and the runtimes (still connected)."""
+    stub = f"ws://127.0.0.1:{node.stub_port}/stub/connect"
+    a = await PyRuntime(stub, f"runtime://{D}/dash-a").connect()
+    b = await PyRuntime(stub, f"runtime://{D}/dash-b").connect()
+    [alice] = await a.allocate(D)
+    [bob] = await b.allocate(D)
+    for i in range(EXCHANGES):
+        await a.send({"id": i, "type": "read", "from": alice, "to": bob, "body": {"n": i}})
+        asked = await b.receive()
+        await b.send(
+            {"id": asked["id"], "type": "response", "from": bob, "to": alice, "body": {"code": 200}}
+        )
+        assert (await a.receive())["body"]["code"] == 200
+    await a.send({"id": "x", "type": "read", "from": alice, "to": f"hyperty://{D}/nobody"})
+    assert (await a.receive())["body"]["code"] == 404
+    return 2 * EXCHANGES, [a, b]
+
+
+async def _data(session: aiohttp.ClientSession, base: str, **kwargs: Any) -> dict[str, Any]:
+    async with session.get(f"{base}/dashboard/data.json", **kwargs) as response:
+        assert response.status == 200, await response.text()
+        data: dict[str, Any] = await response.json()
+        return data
+
+
+async def test_a_running_node_shows_its_traffic_and_latency_within_a_minute(
+    chromium: str, start_node: NodeFactory, databases: Databases, tmp_path: Path
+) -> None:
+    url = databases.sqlite()
+    await migrate.upgrade(url)
+    state = tmp_path / "dashboard"
+    node = await start_node(
+        url,
+        **{
+            "dashboard.worker": True,
+            "dashboard.state_dir": str(state),
+            "dashboard.refresh_seconds": 3,
+        },
+    )
+    base = f"http://127.0.0.1:{node.appservice_port}"
+    routed, runtimes = await _traffic(node)
+    traffic_done = time.monotonic()
+
+    async with aiohttp.ClientSession() as session:
+        # The figures catch up: every routed message is in the window, with its delivery.
+        async with asyncio.timeout(60):
+            while True:
+                data = await _data(session, base)
+                if data["latency_ms"]["deliveries"] >= routed:
+                    break
+                await asyncio.sleep(1)
+        caught_up = time.monotonic() - traffic_done
+    assert data["latency_ms"]["deliveries"] == routed
+    assert data["messages"] > routed  # with the journal's rows: allocations, the 404
+    assert isinstance(data["latency_ms"]["p50"], int | float)
+    assert data["latency_ms"]["p50"] <= data["latency_ms"]["p99"] < 10_000
+    assert data["request_latency_ms"]["pairs"] == EXCHANGES
+    assert data["runtimes_connected"] == 2
+    assert data["worker"]["state"] == "ok"
+
+    async with chromium_browser(chromium) as browser:
+        page = await browser.new_page(viewport={"width": 1200, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        await page.goto(f"{base}/dashboard")
+        await page.wait_for_selector("#dashboard[data-state=drawn]", timeout=30_000)
+        # The runtimes panel fills from the node's own samples, every few seconds.
+        await page.wait_for_selector("#panel-runtimes[data-state=drawn]", timeout=30_000)
+        states = await page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll('figure.panel')]
+                .map(f => [f.id.replace('panel-', ''), [f.dataset.state, f.dataset.points]]))"""
+        )
+        latency_tile = await page.inner_text("[data-tile=latency] b")
+        await page.screenshot(path=str(tmp_path / "live-dashboard.png"), full_page=True)
+    for runtime in runtimes:
+        await runtime.close()
+
+    assert errors == []
+    for panel in PANELS_WITH_DATA:
+        assert states[panel][0] == "drawn" and int(states[panel][1]) > 0, (panel, states[panel])
+    # No peer domain: the node's own addresses (msg-node.mn.test) are not one.
+    assert states["federation"] == ["empty", "0"]
+    assert re.fullmatch(r"[\d,.]+ / [\d,.]+ ms", latency_tile), latency_tile
+    print(f"figures current {caught_up:.1f} s after the traffic")
+    assert caught_up < 60
+
+
+async def test_only_loopback_or_the_operator_token_sees_the_figures(
+    start_node: NodeFactory, databases: Databases, tmp_path: Path
+) -> None:
+    url = databases.sqlite()
+    await migrate.upgrade(url)
+    # Behind a reverse proxy every request comes from loopback: then only the token counts.
+    node = await start_node(
+        url,
+        **{
+            "dashboard.state_dir": str(tmp_path / "dashboard"),
+            "dashboard.trust_loopback": False,
+            "dashboard.token": TOKEN,
+        },
+    )
+    base = f"http://127.0.0.1:{node.appservice_port}"
+    async with aiohttp.ClientSession() as session:
+        for path in ("/dashboard", "/dashboard/data.json"):
+            async with session.get(base + path) as anonymous:
+                assert anonymous.status == 401
+                assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+            wrong = {"Authorization": "Bearer " + "x" * len(TOKEN)}
+            async with session.get(base + path, headers=wrong) as refused:
+                assert refused.status == 401
+        data = await _data(session, base, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert data["messages"] == 0 and data["latency_ms"]["p50"] is None
+        assert data["notes"] == ["waiting for the dashboard worker's first analysis"]
+        async with session.get(f"{base}/dashboard", params={"token": TOKEN}) as page:
+            assert page.status == 200 and "plotly.min.js" in await page.text()
+        # The scripts carry no data: anyone may load them.
+        async with session.get(f"{base}/dashboard/plotly.min.js") as script:
+            assert script.status == 200 and len(await script.read()) > 1_000_000
