@@ -91,9 +91,14 @@ def _build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--shuffle-partitions", type=int, help="Spark shuffle partitions")
     analyze.add_argument("--top-n", type=int, help="top talkers kept per kind (20)")
 
-    dashboard = sub.add_parser("dashboard", help="draw the ops dashboard (one HTML file)")
+    dashboard = sub.add_parser(
+        "dashboard",
+        help="draw the ops dashboard as one HTML file (a running node serves it live at "
+        "/dashboard)",
+    )
     dashboard.add_argument("--input", required=True, type=Path, help="aggregates directory")
     dashboard.add_argument("--out", required=True, type=Path, help="HTML file to write")
+    dashboard.add_argument("--domain", help="your domain: adds the federation panel")
 
     up = sub.add_parser(
         "up", help="run everything locally: install and start Synapse, migrate, run the node"
@@ -153,9 +158,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "dashboard":
             from .analytics import dashboard
 
-            return await asyncio.to_thread(
-                dashboard.main, ["--aggregates", str(args.input), "--out", str(args.out)]
-            )
+            argv = ["--aggregates", str(args.input), "--out", str(args.out)]
+            if args.domain:
+                argv += ["--domain", args.domain]
+            return await asyncio.to_thread(dashboard.main, argv)
         if args.command == "export":
             return await _export(args, load_config(args.config))
         if args.command == "up":

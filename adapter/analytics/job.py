@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +47,7 @@ from adapter.analytics.spark_schema import MESSAGES_SCHEMA, RECEIPTS_SCHEMA
 EXIT_OK, EXIT_NOTHING_READ, EXIT_USAGE = 0, 1, 2
 DEFAULT_APP_NAME: Final = "rethink-mn-analytics"
 DEFAULT_TOP_N: Final = 20
+CONNECT_DEFAULT_PORT: Final = 15002
 
 
 def _started_by_spark_submit() -> bool:
@@ -68,6 +70,7 @@ def build_spark(
     """
     if master is not None and master.startswith("sc://"):
         # Spark Connect: the server has its own master and settings; only the session's are ours.
+        _reachable(master)
         remote = SparkSession.builder.remote(master).getOrCreate()
         remote.conf.set("spark.sql.session.timeZone", "UTC")
         if shuffle_partitions is not None:
@@ -93,6 +96,18 @@ def build_spark(
     spark = builder.getOrCreate()
     _local_defaults(spark)
     return spark
+
+
+def _reachable(remote: str, timeout: float = 10.0) -> None:
+    """Fail at once when nothing answers at a Spark Connect URL: the client itself would retry
+    for ever."""
+    authority = remote.removeprefix("sc://").split("/", 1)[0]
+    host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "")
+    address = (host.strip("[]") or "localhost", int(port or CONNECT_DEFAULT_PORT))
+    try:
+        socket.create_connection(address, timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"Spark Connect server {remote} unreachable: {exc}") from None
 
 
 def is_remote(spark: SparkSession) -> bool:
@@ -467,16 +482,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # No JVM for an export with nothing in it: answer at once.
         summary = write_empty_summary(args.input, args.output, inputs)
     else:
-        spark = build_spark(master=args.master, shuffle_partitions=args.shuffle_partitions)
-        quiet(spark)
+        spark: SparkSession | None = None
         try:
+            spark = build_spark(master=args.master, shuffle_partitions=args.shuffle_partitions)
+            quiet(spark)
             summary = run_analysis(spark, args.input, args.output, top_n=args.top_n, inputs=inputs)
         except (PySparkException, Py4JError, OSError, pa.ArrowException) as exc:
             # The operator gets one line, not a JVM stack trace.
             print(f"analytics job failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return EXIT_NOTHING_READ
         finally:
-            spark.stop()
+            if spark is not None:
+                spark.stop()
     for note in summary["notes"]:
         print(note, file=sys.stderr)
     rows = summary["rows_read"]
