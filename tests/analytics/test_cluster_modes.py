@@ -35,6 +35,8 @@ def _run_job(master: str, analysed: AnalysedExport, output: Path, env: dict[str,
             "adapter.analytics.job",
             *("--input", str(analysed.export), "--output", str(output)),
             *("--master", master, "--top-n", str(SPEC.top_n)),
+            # Spark's default of 200 would make tiny tasks the whole cost.
+            *("--shuffle-partitions", "2"),
         ],
         cwd=REPO,
         env=env,
