@@ -7,9 +7,10 @@ One synthetic export (cached, as in analytics_bench.py), the job's command line 
 mode on this machine, with the same shuffle partitions in each: `local[*]`; a standalone
 master and one worker with every core (started from the pyspark package's spark-class); a
 Spark Connect server whose driver runs `local[*]` (start-connect-server.sh). Each run's
-aggregates are compared with local mode's, row for row. Reported per mode: the job's own time (summary.json `timings_s.total`, start-up excluded), the
-whole command's wall time (session start included), and the time to bring the cluster or
-server up. Writes a JSON file of everything measured.
+aggregates are compared with local mode's, row for row. Reported per mode: the job's own
+time (summary.json `timings_s.total`, start-up excluded), the whole command's wall time
+(session start included), and the time to bring the cluster or server up. Writes a JSON
+file of everything measured.
 """
 
 from __future__ import annotations
