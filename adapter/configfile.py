@@ -117,6 +117,6 @@ def generate_registration(
         f"${env} is set and overrides {'.'.join(key)} at run time; unset it or the homeserver "
         "and the node will disagree"
         for env, key in ENV_OVERRIDES.items()
-        if key[-1].endswith("token") and os.environ.get(env)
+        if key[0] == "appservice" and os.environ.get(env)
     ]
     return config, warnings

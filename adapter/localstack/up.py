@@ -72,6 +72,7 @@ def ensure_config(config_path: Path, state_dir: Path, say: Callable[[str], None]
             registration,
             {
                 "database.url": f"sqlite:///{(state_dir / 'rethink-mn.db').as_posix()}",
+                "dashboard.state_dir": (state_dir / "dashboard").as_posix(),
                 # A development node: reTHINK's own stubs and tools connect NoMatrix-style
                 # (v2 without hello) and must work; a production config chooses `refuse`.
                 "stub.tokenless_sessions": "allow",
@@ -241,6 +242,7 @@ def two_domain_config(
             "stub.listen.port": here.stub_port,
             "stub.tokenless_sessions": "allow",
             "database.url": f"sqlite:///{(directory / 'rethink-mn.db').as_posix()}",
+            "dashboard.state_dir": (directory / "dashboard").as_posix(),
             "federation.peers": {peer.domain: {"server_name": f"127.0.0.1:{peer.federation_port}"}},
         },
     )

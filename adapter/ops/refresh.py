@@ -2,7 +2,7 @@
 
 Started by the node (adapter/ops/worker.py) as
 
-    python -m adapter.ops.refresh < config.json
+    python -m adapter.ops.refresh --parent <node pid> < config.json
 
 with the node's resolved configuration as JSON on stdin (its secrets never sit on a command
 line). It runs apart from the node on purpose: Spark's JVM and the export's row building never
@@ -23,12 +23,15 @@ Each cycle:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -51,6 +54,7 @@ from adapter.ops.layout import DashboardLayout
 KEEP_CYCLES: Final = 2
 """Finished aggregate directories kept (the current one and the one before, still being read)."""
 NICE: Final = 10
+PR_SET_PDEATHSIG: Final = 1
 
 
 def _newest_ts(path: Path) -> int | None:
@@ -85,8 +89,9 @@ def prune_export(export_dir: Path, before_ms: int) -> int:
 
 
 class Refresher:
-    def __init__(self, config: NodeConfig, layout: DashboardLayout) -> None:
+    def __init__(self, config: NodeConfig, layout: DashboardLayout, parent: int) -> None:
         self._config = config
+        self.parent = parent
         self._layout = layout
         self._settings = config.dashboard
         self._spark: Any = None
@@ -161,24 +166,48 @@ class Refresher:
             deadline = time.monotonic() + status["next_in_seconds"]
             while not self.stopping and time.monotonic() < deadline:
                 time.sleep(min(0.5, deadline - time.monotonic()))
+                self.stopping = self.stopping or os.getppid() != self.parent
+        self.close()
+
+    def close(self) -> None:
         if self._spark is not None:
-            self._spark.stop()
+            with contextlib.suppress(Exception):  # the JVM may already be gone with its group
+                self._spark.stop()
+            self._spark = None
 
 
-def main() -> int:
+def _die_with_parent(parent: int) -> None:
+    """End with the node, even when it is killed: Linux sends SIGTERM when the parent dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the line above
+        raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="adapter.ops.refresh")
+    parser.add_argument("--parent", type=int, required=True, help="the node's pid")
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent)
     config = NodeConfig.model_validate_json(sys.stdin.read())
     with contextlib.suppress(OSError):
         os.nice(NICE)
     layout = DashboardLayout(Path(config.dashboard.state_dir))
     layout.prepare()
-    refresher = Refresher(config, layout)
+    refresher = Refresher(config, layout, args.parent)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
+        # A cycle in progress is dropped: pages already exported keep their positions, and
+        # nothing half-analysed was published.
         refresher.stopping = True
+        raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    refresher.run()
+    try:
+        refresher.run()
+    finally:
+        refresher.close()
     return 0
 
 

@@ -46,6 +46,7 @@ class DashboardWorker:
                 sys.executable,
                 "-m",
                 "adapter.ops.refresh",
+                *("--parent", str(os.getpid())),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=log_fd,
                 stderr=log_fd,

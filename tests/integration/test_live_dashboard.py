@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from adapter.config import parse_config
 from adapter.node import Node
 from adapter.storage import migrate
 
@@ -20,6 +23,7 @@ from ..support.browser import chromium_browser
 from ..support.runtime import PyRuntime
 
 pytestmark = [pytest.mark.integration]
+REPO = Path(__file__).resolve().parents[2]
 D = "mn.test"
 TOKEN = "operator-token-for-the-dashboard"
 EXCHANGES = 60
@@ -163,3 +167,52 @@ async def test_only_loopback_or_the_operator_token_sees_the_figures(
         # The scripts carry no data: anyone may load them.
         async with session.get(f"{base}/dashboard/plotly.min.js") as script:
             assert script.status == 200 and len(await script.read()) > 1_000_000
+
+
+async def test_the_worker_ends_with_a_killed_node(tmp_path: Path) -> None:
+    """SIGKILL gives the node no chance to stop its worker: the worker must notice itself."""
+    raw = {
+        "appservice": {"as_token": "a" * 20, "hs_token": "h" * 20},
+        "homeserver": {"url": f"http://127.0.0.1:{_closed_port()}"},
+        "database": {"url": f"sqlite:///{tmp_path / 'node.db'}"},
+        "dashboard": {"state_dir": str(tmp_path / "dashboard"), "refresh_seconds": 1},
+    }
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import os, subprocess, sys, time\n"
+        "worker = subprocess.Popen([sys.executable, '-m', 'adapter.ops.refresh', '--parent', "
+        "str(os.getpid())], stdin=subprocess.PIPE)\n"
+        "worker.stdin.write(sys.stdin.buffer.read()); worker.stdin.close()\n"
+        "print(worker.pid, flush=True); time.sleep(600)\n",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    parent.stdin.write(parse_config(raw, "test", environ={}).model_dump_json().encode())
+    parent.stdin.close()
+    worker = int(await parent.stdout.readline())
+    # The worker is at work: a cycle (failing here, as nothing answers) records its status.
+    status = tmp_path / "dashboard" / "status.json"
+    async with asyncio.timeout(60):
+        while not status.exists():
+            await asyncio.sleep(0.2)
+    parent.kill()
+    await parent.wait()
+    async with asyncio.timeout(15):
+        while _state(worker) not in ("Z", "gone"):
+            await asyncio.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return "gone"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
