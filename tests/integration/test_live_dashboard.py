@@ -27,8 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 D = "mn.test"
 TOKEN = "operator-token-for-the-dashboard"
 EXCHANGES = 60
-# Every panel but federation (this domain has no peer) and churn (no allocation is deleted or
-# subscribed here; it is drawn from the allocation counts anyway) must have data.
+# Every panel but federation (this domain has no peer) must have data.
 PANELS_WITH_DATA = (
     "runtimes",
     "messages",
@@ -42,6 +41,7 @@ PANELS_WITH_DATA = (
     "top-hypertys",
     "lanes",
     "fanout",
+    "churn",
 )
 
 
