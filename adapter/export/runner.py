@@ -66,6 +66,20 @@ class ExportSummary:
 Progress = Callable[[str, int], None]  # (room alias, events so far in this run)
 
 
+@dataclass(frozen=True)
+class Paging:
+    """How the rooms are read: events per request, and a pause after each full page.
+
+    Every page costs the homeserver the serialising of its events in one go, while it also
+    carries live traffic. A reader that runs beside that traffic (the dashboard's worker)
+    takes small pages with pauses between them, so no single request holds the homeserver
+    for long; `rethink-mn export` reads as fast as it can.
+    """
+
+    size: int = 500
+    pause_seconds: float = 0.0
+
+
 class Positions(Protocol):
     """Where a reader of the rooms stopped: a pagination token per room."""
 
@@ -118,7 +132,7 @@ async def export(
     config: NodeConfig,
     out_dir: Path,
     *,
-    page_size: int = 500,
+    paging: Paging = Paging(),
     progress: Progress | None = None,
     positions: Positions | None = None,
     record_run: bool = True,
@@ -144,7 +158,7 @@ async def export(
             for room_id, alias, _purpose, creator in rooms:
                 summary.rooms += 1
                 await _export_room(
-                    api, positions, room_id, alias, creator, out_dir, page_size, summary, progress
+                    api, positions, room_id, alias, creator, out_dir, paging, summary, progress
                 )
     finally:
         await db.dispose()
@@ -165,7 +179,7 @@ async def _export_room(
     alias: str,
     creator: str,
     out_dir: Path,
-    page_size: int,
+    paging: Paging,
     summary: ExportSummary,
     progress: Progress | None,
 ) -> None:
@@ -175,7 +189,7 @@ async def _export_room(
     seen = 0
     while True:
         page = await reader.messages(
-            room_id, start=token, direction="f", limit=page_size, event_filter=EVENT_FILTER
+            room_id, start=token, direction="f", limit=paging.size, event_filter=EVENT_FILTER
         )
         chunk = [e for e in page["chunk"] if isinstance(e, dict)]
         end = page.get("end")
@@ -206,6 +220,8 @@ async def _export_room(
         token = end
         if not chunk:
             return
+        if paging.pause_seconds and len(chunk) >= paging.size:
+            await asyncio.sleep(paging.pause_seconds)
 
 
 async def _rows(
@@ -230,4 +246,4 @@ async def _rows(
     return messages, receipts
 
 
-__all__ = ["ExportSummary", "HomeserverUnreachable", "export"]
+__all__ = ["ExportSummary", "HomeserverUnreachable", "Paging", "export"]

@@ -49,12 +49,15 @@ from adapter.analytics.job import (
     write_empty_summary,
 )
 from adapter.config import NodeConfig
-from adapter.export.runner import FilePositions, export
+from adapter.export.runner import FilePositions, Paging, export
 from adapter.ops.layout import DashboardLayout
 
 KEEP_CYCLES: Final = 2
 """Finished aggregate directories kept (the current one and the one before, still being read)."""
 NICE: Final = 10
+# Small pages, a pause after each: at most ~500 events/s read, and no request that holds the
+# homeserver long while it carries the live traffic.
+EXPORT_PAGING: Final = Paging(size=50, pause_seconds=0.1)
 PR_SET_PDEATHSIG: Final = 1
 JVM_OPTIONS: Final = "-XX:ActiveProcessorCount=1 -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
@@ -125,6 +128,7 @@ class Refresher:
                 self._config,
                 layout.export_dir,
                 positions=FilePositions(layout.positions_file),
+                paging=EXPORT_PAGING,
                 record_run=False,
             )
         )
