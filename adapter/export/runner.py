@@ -78,6 +78,12 @@ class Paging:
 
     size: int = 500
     pause_seconds: float = 0.0
+    # The pause is also at least this many times what the page took to arrive: a homeserver
+    # that answers slowly (busy with live traffic) is asked less often.
+    pause_factor: float = 0.0
+
+    def pause_after(self, took_seconds: float) -> float:
+        return max(self.pause_seconds, self.pause_factor * took_seconds)
 
 
 class Positions(Protocol):
@@ -187,10 +193,13 @@ async def _export_room(
     saved = await positions.get(room_id)
     token = saved[0] if saved else None
     seen = 0
+    loop = asyncio.get_running_loop()
     while True:
+        asked = loop.time()
         page = await reader.messages(
             room_id, start=token, direction="f", limit=paging.size, event_filter=EVENT_FILTER
         )
+        took = loop.time() - asked
         chunk = [e for e in page["chunk"] if isinstance(e, dict)]
         end = page.get("end")
         if chunk:
@@ -220,8 +229,8 @@ async def _export_room(
         token = end
         if not chunk:
             return
-        if paging.pause_seconds and len(chunk) >= paging.size:
-            await asyncio.sleep(paging.pause_seconds)
+        if len(chunk) >= paging.size and (pause := paging.pause_after(took)) > 0:
+            await asyncio.sleep(pause)
 
 
 async def _rows(

@@ -55,9 +55,11 @@ from adapter.ops.layout import DashboardLayout
 KEEP_CYCLES: Final = 2
 """Finished aggregate directories kept (the current one and the one before, still being read)."""
 NICE: Final = 10
-# Small pages, a pause after each: at most ~500 events/s read, and no request that holds the
-# homeserver long while it carries the live traffic.
-EXPORT_PAGING: Final = Paging(size=50, pause_seconds=0.1)
+# Small pages, and after each a pause of at least 4 times what it took: the worker's reading
+# takes at most a fifth of the homeserver's time, less when the homeserver is busy, and no
+# request holds it long while it carries the live traffic (docs/benchmark.md, "The live
+# dashboard under a crowd").
+EXPORT_PAGING: Final = Paging(size=50, pause_seconds=0.1, pause_factor=4.0)
 PR_SET_PDEATHSIG: Final = 1
 JVM_OPTIONS: Final = "-XX:ActiveProcessorCount=1 -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
