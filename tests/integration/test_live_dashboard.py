@@ -24,7 +24,9 @@ from ..support.runtime import PyRuntime
 
 pytestmark = [pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
-D = "mn.test"
+# A domain of its own: the session's homeserver is shared, so the rooms this node adopts may
+# hold earlier tests' traffic (within the window); this test's is the route D -> D.
+D = "dash.test"
 TOKEN = "operator-token-for-the-dashboard"
 EXCHANGES = 60
 # Every panel but federation (this domain has no peer) must have data.
@@ -66,6 +68,13 @@ async def _traffic(node: Node) -> tuple[int, list[PyRuntime]]:
     return 2 * EXCHANGES, [a, b]
 
 
+def _route(data: dict[str, Any], route: str) -> int | None:
+    """Deliveries of one route, from the latency-by-route panel's numbers."""
+    panel = next(p for p in data["panels"] if p["id"] == "latency-by-route")
+    rows = panel.get("table", {}).get("rows", [])
+    return next((int(row[1]) for row in rows if row[0] == route), None)
+
+
 async def _data(session: aiohttp.ClientSession, base: str, **kwargs: Any) -> dict[str, Any]:
     async with session.get(f"{base}/dashboard/data.json", **kwargs) as response:
         assert response.status == 200, await response.text()
@@ -82,6 +91,7 @@ async def test_a_running_node_shows_its_traffic_and_latency_within_a_minute(
     node = await start_node(
         url,
         **{
+            "domain": D,
             "dashboard.worker": True,
             "dashboard.state_dir": str(state),
             "dashboard.refresh_seconds": 3,
@@ -94,17 +104,15 @@ async def test_a_running_node_shows_its_traffic_and_latency_within_a_minute(
     async with aiohttp.ClientSession() as session:
         # The figures catch up: every routed message is in the window, with its delivery.
         async with asyncio.timeout(60):
-            while True:
-                data = await _data(session, base)
-                if data["latency_ms"]["deliveries"] >= routed:
-                    break
+            while (route := _route(await _data(session, base), f"{D} → {D}")) != routed:
                 await asyncio.sleep(1)
         caught_up = time.monotonic() - traffic_done
-    assert data["latency_ms"]["deliveries"] == routed
+        data = await _data(session, base)
+    assert route == routed
     assert data["messages"] > routed  # with the journal's rows: allocations, the 404
     assert isinstance(data["latency_ms"]["p50"], int | float)
     assert data["latency_ms"]["p50"] <= data["latency_ms"]["p99"] < 10_000
-    assert data["request_latency_ms"]["pairs"] == EXCHANGES
+    assert data["request_latency_ms"]["pairs"] >= EXCHANGES
     assert data["runtimes_connected"] == 2
     assert data["worker"]["state"] == "ok"
 
@@ -129,7 +137,7 @@ async def test_a_running_node_shows_its_traffic_and_latency_within_a_minute(
     assert errors == []
     for panel in PANELS_WITH_DATA:
         assert states[panel][0] == "drawn" and int(states[panel][1]) > 0, (panel, states[panel])
-    # No peer domain: the node's own addresses (msg-node.mn.test) are not one.
+    # No peer domain: the node's own addresses (msg-node.dash.test) are not one.
     assert states["federation"] == ["empty", "0"]
     assert re.fullmatch(r"[\d,.]+ / [\d,.]+ ms", latency_tile), latency_tile
     print(f"figures current {caught_up:.1f} s after the traffic")
