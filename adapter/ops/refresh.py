@@ -143,9 +143,17 @@ class Refresher:
         if nothing_to_read(inputs):
             summary = write_empty_summary(layout.export_dir, target, inputs)
         else:
-            summary = run_analysis(
-                self._spark_session(), layout.export_dir, target, inputs=inputs, since_ms=since_ms
-            )
+            try:
+                summary = run_analysis(
+                    self._spark_session(),
+                    layout.export_dir,
+                    target,
+                    inputs=inputs,
+                    since_ms=since_ms,
+                )
+            except Exception:
+                self.close()  # a fresh Spark session next cycle, in case this one broke
+                raise
         layout.publish(target)
         layout.drop_old_cycles(KEEP_CYCLES)
         return {
@@ -171,7 +179,6 @@ class Refresher:
                     "error": f"{type(exc).__name__}: {exc}"[:500],
                 }
                 print(f"dashboard cycle failed: {status['error']}", file=sys.stderr, flush=True)
-                self.close()  # a fresh Spark session next time, in case this one broke
             elapsed = time.monotonic() - started
             status["next_in_seconds"] = round(
                 max(self._settings.refresh_seconds - elapsed, elapsed), 1
