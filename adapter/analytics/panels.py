@@ -267,51 +267,52 @@ def route_label(row: Mapping[str, Any]) -> str:
     return f"{label(row['from_domain'])} → {label(row['to_domain'])}"
 
 
-def _delivery_latency_by_route(rows: Rows) -> Panel:
-    ordered = sorted(rows, key=lambda r: (not r["all_routes"], -r["pairs"]))
-    labels = [route_label(r) for r in ordered]
-    traces = [
-        {"type": "bar", "name": p, "x": labels, "y": [r[f"{p}_ms"] for r in ordered]}
-        for p in ("p50", "p90", "p99")
-    ]
-    return panel(
-        "latency-by-route",
-        "Latency",
-        "Send → delivery latency by route: within a domain and across domains (ms)",
-        traces,
-        _layout("from domain → to domain", "ms", barmode="group", xaxis={"type": "category"}),
-        _table(
-            ["route", "deliveries", "p50 ms", "p90 ms", "p99 ms", "max ms"],
-            [
-                [lbl, r["pairs"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"]]
-                for lbl, r in zip(labels, ordered, strict=True)
-            ],
-            1,
-        ),
-    )
-
-
-def _request_latency(by_type: Rows) -> Panel:
-    rows = sorted((r for r in by_type if r["pairs"]), key=lambda r: -r["pairs"])
-    labels = [label(r["request_type"]) for r in rows]
+def _percentile_bars(
+    panel_id: str, title: str, axis: tuple[str, str, str], labels: list[str], rows: Rows
+) -> Panel:
+    """p50/p90/p99 bars per label, and their numbers; `axis`: (x title, label column, count
+    column)."""
     traces = [
         {"type": "bar", "name": p, "x": labels, "y": [r[f"{p}_ms"] for r in rows]}
         for p in ("p50", "p90", "p99")
     ]
+    x_title, column, count = axis
     return panel(
-        "request-latency",
+        panel_id,
         "Latency",
-        "Request → response latency by request type (ms)",
+        title,
         traces,
-        _layout("request type", "ms", barmode="group", xaxis={"type": "category"}),
+        _layout(x_title, "ms", barmode="group", xaxis={"type": "category"}),
         _table(
-            ["request type", "pairs", "p50 ms", "p90 ms", "p99 ms", "max ms"],
+            [column, count, "p50 ms", "p90 ms", "p99 ms", "max ms"],
             [
                 [lbl, r["pairs"], r["p50_ms"], r["p90_ms"], r["p99_ms"], r["max_ms"]]
                 for lbl, r in zip(labels, rows, strict=True)
             ],
             1,
         ),
+    )
+
+
+def _delivery_latency_by_route(rows: Rows) -> Panel:
+    ordered = sorted(rows, key=lambda r: (not r["all_routes"], -r["pairs"]))
+    return _percentile_bars(
+        "latency-by-route",
+        "Send → delivery latency by route: within a domain and across domains (ms)",
+        ("from domain → to domain", "route", "deliveries"),
+        [route_label(r) for r in ordered],
+        ordered,
+    )
+
+
+def _request_latency(by_type: Rows) -> Panel:
+    rows = sorted((r for r in by_type if r["pairs"]), key=lambda r: -r["pairs"])
+    return _percentile_bars(
+        "request-latency",
+        "Request → response latency by request type (ms)",
+        ("request type", "request type", "pairs"),
+        [label(r["request_type"]) for r in rows],
+        rows,
     )
 
 
