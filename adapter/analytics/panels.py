@@ -30,6 +30,10 @@ MAX_POINTS: Final = 720
 BUCKET_MINUTES: Final = (1, 5, 15, 60, 360, 1440, 10080)
 MAX_TABLE_ROWS: Final = 1000
 TOP_SERIES: Final = 8
+MAX_CATEGORIES: Final = 30
+"""Most categories one chart shows; the rest are summed as OTHER (or, for percentiles, left to
+the table). Runtimes choose types, codes and addresses: no chart may grow with them."""
+OTHER: Final = "other"
 NONE_LABEL: Final = "(none)"
 
 
@@ -92,6 +96,22 @@ def size_bucket(value: int) -> tuple[int, str]:
 
 
 # -- figure helpers ---------------------------------------------------------------------------
+
+
+def folded(totals: Mapping[str, float], keep: int) -> tuple[list[str], Callable[[str], str]]:
+    """The `keep` largest of `totals` (then OTHER, if anything is left out), and the mapping of
+    every key onto them."""
+    top = sorted(totals, key=lambda k: (-totals[k], k))[:keep]
+    kept = set(top)
+    shown = [*top, OTHER] if len(totals) > len(top) else top
+    return shown, lambda key: key if key in kept else OTHER
+
+
+def _summed(rows: Rows, key: Callable[[Mapping[str, Any]], str], value: str) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for row in rows:
+        totals[key(row)] += row[value] or 0
+    return totals
 
 
 def _layout(x_title: str, y_title: str, **extra: Any) -> dict[str, Any]:
@@ -164,17 +184,10 @@ def missing_panel(panel_id: str, section: str, title: str, what: str) -> Panel:
 
 
 def _messages_per_minute(rows: Rows) -> Panel:
-    totals: dict[str, float] = defaultdict(float)
-    for row in rows:
-        totals[label(row["type"])] += row["messages"]
-    top = sorted(totals, key=lambda t: -totals[t])[:TOP_SERIES]
-    shown = [*top, "other"] if len(totals) > len(top) else top
+    shown, fold = folded(_summed(rows, lambda r: label(r["type"]), "messages"), TOP_SERIES)
     per_type = [
-        {
-            "minute": row["minute"],
-            **dict.fromkeys(shown, 0),
-            (label(row["type"]) if label(row["type"]) in top else "other"): row["messages"],
-        }
+        {"minute": row["minute"], **dict.fromkeys(shown, 0)}
+        | {fold(label(row["type"])): row["messages"]}
         for row in rows
     ]
     size, buckets = bucketed(per_type, shown)
@@ -196,21 +209,17 @@ def _messages_per_minute(rows: Rows) -> Panel:
 
 
 def _errors_per_minute(rows: Rows) -> Panel:
-    codes = sorted({row["response_code"] for row in rows})
+    shown, fold = folded(_summed(rows, lambda r: str(r["response_code"]), "responses"), TOP_SERIES)
     per_code = [
-        {"minute": row["minute"], **dict.fromkeys(map(str, codes), 0)}
-        | {str(row["response_code"]): row["responses"]}
+        {"minute": row["minute"], **dict.fromkeys(shown, 0)}
+        | {fold(str(row["response_code"])): row["responses"]}
         for row in rows
     ]
-    size, buckets = bucketed(per_code, [str(c) for c in codes])
+    size, buckets = bucketed(per_code, shown)
+    names = [c if c == OTHER else f"code {c}" for c in shown]
     traces = [
-        {
-            "type": "bar",
-            "name": f"code {c}",
-            "x": list(buckets),
-            "y": [v[str(c)] for v in buckets.values()],
-        }
-        for c in codes
+        {"type": "bar", "name": name, "x": list(buckets), "y": [v[c] for v in buckets.values()]}
+        for name, c in zip(names, shown, strict=True)
     ]
     return panel(
         "errors",
@@ -219,8 +228,8 @@ def _errors_per_minute(rows: Rows) -> Panel:
         traces,
         _time_layout("responses with code >= 400", barmode="stack"),
         _table(
-            ["bucket start (ms)", *(f"code {c}" for c in codes)],
-            [[t, *(v[str(c)] for c in codes)] for t, v in buckets.items()],
+            ["bucket start (ms)", *names],
+            [[t, *(v[c] for c in shown)] for t, v in buckets.items()],
         ),
     )
 
@@ -228,11 +237,21 @@ def _errors_per_minute(rows: Rows) -> Panel:
 def _response_codes(rows: Rows) -> Panel:
     ordered = sorted(rows, key=lambda r: (r["response_code"] is None, r["response_code"] or 0))
     labels = [label(r["response_code"]) for r in ordered]
+    by_code = _summed(rows, lambda r: label(r["response_code"]), "responses")
+    _, fold = folded(by_code, MAX_CATEGORIES)
+    charted = _summed(rows, lambda r: fold(label(r["response_code"])), "responses")
     return panel(
         "codes",
         "Traffic",
         "Responses by code",
-        [{"type": "bar", "name": "responses", "x": labels, "y": [r["responses"] for r in ordered]}],
+        [
+            {
+                "type": "bar",
+                "name": "responses",
+                "x": list(charted),
+                "y": list(charted.values()),
+            }
+        ],
         _layout("response code", "responses", xaxis={"type": "category"}),
         _table(
             ["response_code", "responses"],
@@ -272,8 +291,14 @@ def _percentile_bars(
 ) -> Panel:
     """p50/p90/p99 bars per label, and their numbers; `axis`: (x title, label column, count
     column)."""
+    charted = rows[:MAX_CATEGORIES]  # the busiest; every row is in the table
     traces = [
-        {"type": "bar", "name": p, "x": labels, "y": [r[f"{p}_ms"] for r in rows]}
+        {
+            "type": "bar",
+            "name": p,
+            "x": labels[:MAX_CATEGORIES],
+            "y": [r[f"{p}_ms"] for r in charted],
+        }
         for p in ("p50", "p90", "p99")
     ]
     x_title, column, count = axis
@@ -317,14 +342,22 @@ def _request_latency(by_type: Rows) -> Panel:
 
 
 def _domain_traffic(rows: Rows) -> Panel:
-    sources = sorted({label(r["from_domain"]) for r in rows})
-    targets = sorted({label(r["to_domain"]) for r in rows})
-    cells = {(label(r["from_domain"]), label(r["to_domain"])): r["messages"] for r in rows}
+    sources, source_of = folded(
+        _summed(rows, lambda r: label(r["from_domain"]), "messages"), MAX_CATEGORIES
+    )
+    targets, target_of = folded(
+        _summed(rows, lambda r: label(r["to_domain"]), "messages"), MAX_CATEGORIES
+    )
+    cells = _summed(
+        rows,
+        lambda r: f"{source_of(label(r['from_domain']))}\n{target_of(label(r['to_domain']))}",
+        "messages",
+    )
     trace = {
         "type": "heatmap",
         "x": targets,
         "y": sources,
-        "z": [[cells.get((s, t), 0) for t in targets] for s in sources],
+        "z": [[cells.get(f"{s}\n{t}", 0) for t in targets] for s in sources],
         "colorscale": "Blues",
         "hovertemplate": "%{y} → %{x}: %{z} messages<extra></extra>",
     }
@@ -368,9 +401,15 @@ def _federation(rows: Rows, local_domain: str) -> Panel:
         elif local(target) and source is not None and not local(source):
             received[source] += row["messages"]
     peers = sorted(set(sent) | set(received))
+    charted, fold = folded({p: sent[p] + received[p] for p in peers}, MAX_CATEGORIES)
+    sent_to: dict[str, int] = defaultdict(int)
+    got_from: dict[str, int] = defaultdict(int)
+    for peer in peers:
+        sent_to[fold(peer)] += sent[peer]
+        got_from[fold(peer)] += received[peer]
     traces = [
-        {"type": "bar", "name": "to peer", "x": peers, "y": [sent[p] for p in peers]},
-        {"type": "bar", "name": "from peer", "x": peers, "y": [received[p] for p in peers]},
+        {"type": "bar", "name": "to peer", "x": charted, "y": [sent_to[p] for p in charted]},
+        {"type": "bar", "name": "from peer", "x": charted, "y": [got_from[p] for p in charted]},
     ]
     return panel(
         "federation",
