@@ -249,7 +249,7 @@ async def _export(args: argparse.Namespace, config: NodeConfig) -> int:
 
     from appservice.api import HomeserverUnreachable, MatrixError
 
-    from .export.runner import Paging, export
+    from .export.runner import export
 
     if not 1 <= args.page_size <= 1000:
         err.print("[bold red]error[/]: --page-size must be between 1 and 1000")
@@ -267,9 +267,7 @@ async def _export(args: argparse.Namespace, config: NodeConfig) -> int:
             bar.update(task, description=f"{room}: {events} events")
 
         try:
-            summary = await export(
-                config, args.out, paging=Paging(size=args.page_size), progress=show
-            )
+            summary = await export(config, args.out, page_size=args.page_size, progress=show)
         except (HomeserverUnreachable, MatrixError) as exc:
             err.print(f"[bold red]error[/]: the homeserver refused or is unreachable: {exc}")
             return EXIT_FAILURE

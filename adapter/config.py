@@ -342,8 +342,9 @@ class DashboardConfig(_Strict):
     and the background worker that keeps its figures current (adapter/ops/)."""
 
     enabled: bool = True
-    # Run the worker as a child of this node. False: serve what is in state_dir (another
-    # process of yours publishes there), e.g. on all but one of several node processes.
+    # Run the worker as a child of this node, and keep the room events of the homeserver's
+    # transactions for it (state_dir/spool). False: serve what is in state_dir (another
+    # process of yours publishes there).
     worker: bool = True
     # Bearer token (or ?token= on the page) for requests that do not come from loopback; null:
     # the dashboard answers loopback only.

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from appservice.api import HomeserverClient
 from appservice.intent import AppserviceAPI
 from appservice.metrics import AppserviceMetrics
-from appservice.server import AppserviceServer
+from appservice.server import AppserviceServer, TransactionHandler
 
 from . import carrier
 from .carrier import Sender
@@ -46,6 +46,7 @@ from .observability import (
 )
 from .ops.layout import DashboardLayout
 from .ops.live_dashboard import LiveDashboard
+from .ops.tap import EventTap, TappedTransactions
 from .ops.worker import DashboardWorker
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
@@ -288,6 +289,7 @@ class Node:
         # Operations: the live dashboard, and the worker process that keeps its figures current.
         self.dashboard: LiveDashboard | None = None
         self._dashboard_worker: DashboardWorker | None = None
+        self._dashboard_tap: EventTap | None = None
         if cfg.dashboard.enabled:
             layout = DashboardLayout(Path(cfg.dashboard.state_dir))
             self.dashboard = LiveDashboard(
@@ -295,6 +297,9 @@ class Node:
             )
             if cfg.dashboard.worker:
                 self._dashboard_worker = DashboardWorker(cfg, layout)
+                self._dashboard_tap = EventTap(
+                    layout.spool_dir, self.metrics, keep_seconds=60 * cfg.dashboard.window_minutes
+                )
 
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[Any]] = []
@@ -446,8 +451,11 @@ class Node:
 
         as_app = web.Application(client_max_size=cfg.appservice.max_body_bytes)
         queries = NamespaceQueries(self.api, self._session_rows, cfg.appservice.user_prefix)
+        handler: TransactionHandler = self.inbound
+        if self._dashboard_tap is not None:
+            handler = TappedTransactions(self.inbound, self._dashboard_tap)
         AppserviceServer(
-            cfg.appservice.hs_token, self.inbound, self._transactions, queries, self.as_metrics
+            cfg.appservice.hs_token, handler, self._transactions, queries, self.as_metrics
         ).add_routes(as_app)
         HealthEndpoints(
             {"homeserver": self._probe_homeserver, "database": self._probe_database}, self.metrics
@@ -495,6 +503,8 @@ class Node:
             self.dashboard.start()
         if self._dashboard_worker is not None:
             self._dashboard_worker.start()
+        if self._dashboard_tap is not None:
+            self._dashboard_tap.start()
         log.info(
             "node started",
             appservice=f"http://{cfg.appservice.listen.host}:{self.appservice_port}",
@@ -583,6 +593,8 @@ class Node:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self._dashboard_tap is not None:
+            await self._dashboard_tap.stop()
         if self.registry is not None:
             await self.registry.stop()
         if self.federation is not None:

@@ -197,6 +197,13 @@ class NodeMetrics:
             ["stream"],
             registry=registry,
         )
+        self.dashboard_dropped = Counter(
+            "rethink_mn_dashboard_events_dropped_total",
+            "Room events the dashboard's figures miss: not kept for its worker because the "
+            "buffer or the spool was full (a stuck disk, a worker that is not consuming).",
+            ["reason"],
+            registry=registry,
+        )
         self.sessions_evicted = Counter(
             "rethink_mn_sessions_evicted_total",
             "Detached sessions released before their lifetime ended: too many were detached.",

@@ -8,6 +8,11 @@ start of the minute of the message's `ts`.
 
 Definitions the export schema leaves open, decided here:
 
+* Categories a runtime chooses (message types, domains it names) are capped: the
+  CATEGORY_LIMIT most frequent values (ties by value) are kept and the rest counted as OTHER,
+  so that one runtime sending many distinct values cannot make the aggregates, and the node
+  that reads them for its dashboard, grow without bound. Response codes outside 100-599 are no
+  HTTP-style code and count as no code (null).
 * messages_per_minute: every row (routed and journal), by `type` (null kept as its own group).
 * domain_traffic: every row, `from_domain` x `to_domain`; bytes = sum of `body_size`.
 * top_talkers: messages *sent by* runtimes: rows of kind routed, service_request and
@@ -59,6 +64,9 @@ from adapter.analytics.schema import (
 )
 
 MINUTE_MS: Final = 60_000
+CATEGORY_LIMIT: Final = 100
+OTHER: Final = "(other)"
+CODE_RANGE: Final = (100, 599)
 SENDER_KINDS: Final = (KIND_ROUTED, KIND_SERVICE_REQUEST, KIND_REJECTED_REQUEST)
 PERCENTILES: Final = (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99))
 CHURN_OPERATIONS: Final = {
@@ -77,18 +85,55 @@ def _count() -> Column:
     return F.count(F.lit(1))
 
 
+def fold_rare(frame: DataFrame, column: str, weight: Column) -> DataFrame:
+    """`frame` with `column` kept for its CATEGORY_LIMIT heaviest values (by the sum of
+    `weight`, ties by value) and OTHER in place of any other non-null value."""
+    kept = (
+        frame.where(F.col(column).isNotNull())
+        .groupBy(F.col(column).alias("_kept"))
+        .agg(F.sum(weight).alias("_weight"))
+        .orderBy(F.desc("_weight"), F.asc("_kept"))
+        .limit(CATEGORY_LIMIT)
+        .select("_kept")
+    )
+    return (
+        frame.join(F.broadcast(kept), F.col(column) == F.col("_kept"), "left")
+        .withColumn(
+            column,
+            F.when(F.col(column).isNull() | F.col("_kept").isNotNull(), F.col(column)).otherwise(
+                F.lit(OTHER)
+            ),
+        )
+        .drop("_kept")
+    )
+
+
+def _http_code(code: Column) -> Column:
+    low, high = CODE_RANGE
+    return F.when(code.between(low, high), code).cast("int")
+
+
 def traffic_rollup(messages: DataFrame) -> DataFrame:
     """minute, type, kind, response_code -> rows, ts_min, ts_max.
 
-    Small (minutes x types x kinds x codes) and read once from the input; messages per minute,
-    response codes, error rates and the summary's totals are all sums over it.
+    Small (minutes x types x kinds x codes, each bounded) and read once from the input; messages
+    per minute, response codes, error rates and the summary's totals are all sums over it.
     """
-    return messages.groupBy(
-        minute_of(F.col("ts")).alias("minute"), "type", "kind", "response_code"
-    ).agg(
-        _count().alias("rows"),
-        F.min("ts").alias("ts_min"),
-        F.max("ts").alias("ts_max"),
+    keys = ("minute", "type", "kind", "response_code")
+    raw = messages.groupBy(
+        minute_of(F.col("ts")).alias("minute"),
+        "type",
+        "kind",
+        _http_code(F.col("response_code")).alias("response_code"),
+    ).agg(_count().alias("rows"), F.min("ts").alias("ts_min"), F.max("ts").alias("ts_max"))
+    return (
+        fold_rare(raw, "type", F.col("rows"))
+        .groupBy(*keys)
+        .agg(
+            F.sum("rows").alias("rows"),
+            F.min("ts_min").alias("ts_min"),
+            F.max("ts_max").alias("ts_max"),
+        )
     )
 
 
@@ -132,7 +177,8 @@ def null_field_totals(talkers: DataFrame) -> DataFrame:
 
 def domain_traffic(talkers: DataFrame) -> DataFrame:
     """from_domain, to_domain, messages, bytes."""
-    return talkers.groupBy("from_domain", "to_domain").agg(
+    folded = fold_rare(fold_rare(talkers, "from_domain", F.col("rows")), "to_domain", F.col("rows"))
+    return folded.groupBy("from_domain", "to_domain").agg(
         _sum_long("rows").alias("messages"), _sum_long("bytes").alias("bytes")
     )
 
@@ -249,7 +295,8 @@ def latency_overall(pairs: DataFrame) -> DataFrame:
 
 def latency_by_type(pairs: DataFrame) -> DataFrame:
     """request_type, pairs, p50_ms, p90_ms, p99_ms, max_ms."""
-    return pairs.groupBy("request_type").agg(*_latency_stats())
+    folded = fold_rare(pairs, "request_type", F.lit(1))
+    return folded.groupBy("request_type").agg(*_latency_stats())
 
 
 def message_rollup(messages: DataFrame, receipts: DataFrame) -> DataFrame:

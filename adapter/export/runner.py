@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import orjson
@@ -66,60 +66,7 @@ class ExportSummary:
 Progress = Callable[[str, int], None]  # (room alias, events so far in this run)
 
 
-@dataclass(frozen=True)
-class Paging:
-    """How the rooms are read: events per request, and a pause after each full page.
-
-    Every page costs the homeserver the serialising of its events in one go, while it also
-    carries live traffic. A reader that runs beside that traffic (the dashboard's worker)
-    takes small pages with pauses between them, so no single request holds the homeserver
-    for long; `rethink-mn export` reads as fast as it can.
-    """
-
-    size: int = 500
-    pause_seconds: float = 0.0
-    # The pause is also at least this many times what the page took to arrive: a homeserver
-    # that answers slowly (busy with live traffic) is asked less often.
-    pause_factor: float = 0.0
-
-    def pause_after(self, took_seconds: float) -> float:
-        return max(self.pause_seconds, self.pause_factor * took_seconds)
-
-
-class Positions(Protocol):
-    """Where a reader of the rooms stopped: a pagination token per room."""
-
-    async def get(self, room_id: str) -> tuple[str, int] | None: ...
-
-    async def save(self, room_id: str, token: str, events_added: int) -> None: ...
-
-
-class FilePositions:
-    """Positions in a JSON file of their own, for a reader that is not `rethink-mn export`
-    (the dashboard's worker): two readers sharing positions would each miss what the other
-    read. Written atomically after every page."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        try:
-            loaded = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            loaded = {}
-        self._positions: dict[str, list[Any]] = loaded if isinstance(loaded, dict) else {}
-
-    async def get(self, room_id: str) -> tuple[str, int] | None:
-        saved = self._positions.get(room_id)
-        return (str(saved[0]), int(saved[1])) if saved else None
-
-    async def save(self, room_id: str, token: str, events_added: int) -> None:
-        before = self._positions.get(room_id)
-        self._positions[room_id] = [token, (int(before[1]) if before else 0) + events_added]
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(self._positions))
-        os.replace(tmp, self._path)
-
-
-def _write_parquet(rows: list[Row], schema: pa.Schema, directory: Path, name: str) -> int:
+def write_parquet(rows: list[Row], schema: pa.Schema, directory: Path, name: str) -> int:
     """One file per date partition; atomic replace so a reader never sees half a file."""
     by_date: dict[str, list[Row]] = {}
     for row in rows:
@@ -138,38 +85,24 @@ async def export(
     config: NodeConfig,
     out_dir: Path,
     *,
-    paging: Paging = Paging(),
+    page_size: int = 500,
     progress: Progress | None = None,
-    positions: Positions | None = None,
-    record_run: bool = True,
 ) -> ExportSummary:
-    """Export what is new in every room; `positions` default to the node's database. Each run
-    leaves `_runs/<run id>.json` unless `record_run` is false (a worker that runs every minute)."""
+    """Export what is new in every room since the previous run; leaves `_runs/<run id>.json`."""
     summary = ExportSummary(datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + secrets.token_hex(3))
     db = Database(config.database.url)
-    positions = positions if positions is not None else ExportPositionStore(db)
+    positions = ExportPositionStore(db)
     try:
         rooms = await RoomStore(db).all()
         async with aiohttp.ClientSession() as http:
-            client = HomeserverClient(
-                config.homeserver.url,
-                config.appservice.as_token,
-                http,
-                max_retries=config.homeserver.max_retries,
-                request_timeout=config.homeserver.request_timeout_seconds,
-            )
-            api = AppserviceAPI(
-                client, config.homeserver.server_name, config.appservice.sender_localpart
-            )
+            api = homeserver_api(config, http)
             for room_id, alias, _purpose, creator in rooms:
                 summary.rooms += 1
                 await _export_room(
-                    api, positions, room_id, alias, creator, out_dir, paging, summary, progress
+                    api, positions, room_id, alias, creator, out_dir, page_size, summary, progress
                 )
     finally:
         await db.dispose()
-    if not record_run:
-        return summary
     runs = out_dir / "_runs"
     runs.mkdir(parents=True, exist_ok=True)
     (runs / f"{summary.run_id}.json").write_bytes(
@@ -178,14 +111,26 @@ async def export(
     return summary
 
 
+def homeserver_api(config: NodeConfig, http: aiohttp.ClientSession) -> AppserviceAPI:
+    """The appservice's view of the homeserver, for reading rooms and downloading media."""
+    client = HomeserverClient(
+        config.homeserver.url,
+        config.appservice.as_token,
+        http,
+        max_retries=config.homeserver.max_retries,
+        request_timeout=config.homeserver.request_timeout_seconds,
+    )
+    return AppserviceAPI(client, config.homeserver.server_name, config.appservice.sender_localpart)
+
+
 async def _export_room(
     api: AppserviceAPI,
-    positions: Positions,
+    positions: ExportPositionStore,
     room_id: str,
     alias: str,
     creator: str,
     out_dir: Path,
-    paging: Paging,
+    page_size: int,
     summary: ExportSummary,
     progress: Progress | None,
 ) -> None:
@@ -193,27 +138,24 @@ async def _export_room(
     saved = await positions.get(room_id)
     token = saved[0] if saved else None
     seen = 0
-    loop = asyncio.get_running_loop()
     while True:
-        asked = loop.time()
         page = await reader.messages(
-            room_id, start=token, direction="f", limit=paging.size, event_filter=EVENT_FILTER
+            room_id, start=token, direction="f", limit=page_size, event_filter=EVENT_FILTER
         )
-        took = loop.time() - asked
         chunk = [e for e in page["chunk"] if isinstance(e, dict)]
         end = page.get("end")
         if chunk:
-            messages, receipts = await _rows(api, chunk, summary)
+            messages, receipts = await event_rows(api, chunk, summary)
             name = (
                 "part-"
                 + hashlib.sha256(f"{room_id}\n{token}".encode()).hexdigest()[:20]
                 + ".parquet"
             )
             summary.files += await asyncio.to_thread(
-                _write_parquet, messages, MESSAGES_ARROW_SCHEMA, out_dir / "messages", name
+                write_parquet, messages, MESSAGES_ARROW_SCHEMA, out_dir / "messages", name
             )
             summary.files += await asyncio.to_thread(
-                _write_parquet, receipts, RECEIPTS_ARROW_SCHEMA, out_dir / "receipts", name
+                write_parquet, receipts, RECEIPTS_ARROW_SCHEMA, out_dir / "receipts", name
             )
             summary.events += len(chunk)
             summary.message_rows += len(messages)
@@ -229,13 +171,14 @@ async def _export_room(
         token = end
         if not chunk:
             return
-        if len(chunk) >= paging.size and (pause := paging.pause_after(took)) > 0:
-            await asyncio.sleep(pause)
 
 
-async def _rows(
+async def event_rows(
     api: AppserviceAPI, events: list[dict[str, Any]], summary: ExportSummary
 ) -> tuple[list[Row], list[Row]]:
+    """The export rows of carrier events; media-carried batches are downloaded, and an event
+    that cannot be decoded is counted in the summary by reason."""
+
     async def fetch(uri: str) -> bytes:
         try:
             return await api.bot.download(uri)
@@ -255,4 +198,4 @@ async def _rows(
     return messages, receipts
 
 
-__all__ = ["ExportSummary", "HomeserverUnreachable", "Paging", "export"]
+__all__ = ["ExportSummary", "HomeserverUnreachable", "event_rows", "export", "write_parquet"]

@@ -1,7 +1,8 @@
 """Where the dashboard's worker keeps things, shared by the worker (writes) and the node (reads).
 
-<state_dir>/export/            the worker's own export (messages/, receipts/)
-<state_dir>/positions.json     where that export stopped in each room
+<state_dir>/spool/             room events the node took from its transactions (adapter/ops/tap.py)
+<state_dir>/spool/claimed-*/   spool files the worker is turning into export rows
+<state_dir>/export/            the worker's export (messages/, receipts/)
 <state_dir>/aggregates/<n>/    the Spark job's output of cycle n
 <state_dir>/current            symlink to the newest finished aggregates/<n>
 <state_dir>/status.json        how the last cycle went
@@ -19,20 +20,22 @@ from typing import Any
 
 import orjson
 
+from ..private_files import private_dir
+
 
 class DashboardLayout:
     def __init__(self, state_dir: Path) -> None:
         self.root = state_dir
+        self.spool_dir = state_dir / "spool"
         self.export_dir = state_dir / "export"
-        self.positions_file = state_dir / "positions.json"
         self.aggregates_dir = state_dir / "aggregates"
         self.current = state_dir / "current"
         self.status_file = state_dir / "status.json"
         self.log_file = state_dir / "worker.log"
 
     def prepare(self) -> None:
-        for directory in (self.root, self.export_dir, self.aggregates_dir):
-            directory.mkdir(parents=True, exist_ok=True)
+        for directory in (self.root, self.spool_dir, self.export_dir, self.aggregates_dir):
+            private_dir(directory)
 
     def new_cycle_dir(self, cycle: int) -> Path:
         # Named by time as well: cycle numbers start again when the worker restarts.

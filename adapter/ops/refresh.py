@@ -11,13 +11,14 @@ time the node and the homeserver leave unused. Spark gets one core by default
 (`dashboard.spark_master`).
 
 Each cycle:
-1. export what the rooms hold beyond the worker's own positions (`positions.json`; separate
-   from `rethink-mn export`'s, so the two never take each other's rows) into `export/`;
+1. turn the room events the node spooled since the last cycle (adapter/ops/tap.py) into export
+   rows in `export/` (adapter/ops/ingest.py); the worker never reads the rooms back from the
+   homeserver, which carries the live traffic;
 2. delete export files whose newest row is older than the window;
 3. run the Spark job over the window into a new `aggregates/<n>/` and point `current` at it
    (a symlink replaced atomically: the node never reads a half-written cycle);
 4. wait `refresh_seconds` from the cycle's start, and never less than the cycle took, so the
-   worker's average CPU stays below half of what it is allowed.
+   worker is busy half of the time at most.
 
 `status.json` says how the last cycle went; the node shows it on the page.
 """
@@ -49,17 +50,12 @@ from adapter.analytics.job import (
     write_empty_summary,
 )
 from adapter.config import NodeConfig
-from adapter.export.runner import FilePositions, Paging, export
+from adapter.ops.ingest import ingest_spool
 from adapter.ops.layout import DashboardLayout
 
 KEEP_CYCLES: Final = 2
 """Finished aggregate directories kept (the current one and the one before, still being read)."""
 NICE: Final = 10
-# Small pages, and after each a pause of at least 4 times what it took: the worker's reading
-# takes at most a fifth of the homeserver's time, less when the homeserver is busy, and no
-# request holds it long while it carries the live traffic (docs/benchmark.md, "The live
-# dashboard under a crowd").
-EXPORT_PAGING: Final = Paging(size=50, pause_seconds=0.1, pause_factor=4.0)
 PR_SET_PDEATHSIG: Final = 1
 JVM_OPTIONS: Final = "-XX:ActiveProcessorCount=1 -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
@@ -110,7 +106,9 @@ class Refresher:
             self._spark = build_spark(
                 master=self._settings.spark_master,
                 app_name="rethink-mn-dashboard",
-                shuffle_partitions=4,
+                # One core: every further partition is one more task run one after the other
+                # (measured on a crowd's window, 157k rows: 12 s a cycle with 4, 8.6 s with 1).
+                shuffle_partitions=1,
                 driver_memory=self._settings.spark_driver_memory,
                 extra_conf={
                     "spark.sql.catalogImplementation": "in-memory",
@@ -125,15 +123,7 @@ class Refresher:
     def cycle(self) -> dict[str, Any]:
         layout = self._layout
         started = time.time()
-        exported = asyncio.run(
-            export(
-                self._config,
-                layout.export_dir,
-                positions=FilePositions(layout.positions_file),
-                paging=EXPORT_PAGING,
-                record_run=False,
-            )
-        )
+        exported = asyncio.run(ingest_spool(self._config, layout))
         exported_s = time.time() - started
         since_ms = int((started - 60 * self._settings.window_minutes) * 1000)
         pruned = prune_export(layout.export_dir, since_ms)
@@ -198,15 +188,20 @@ class Refresher:
 
 
 def _yield_the_cpu() -> None:
-    """Run only on CPU time nobody else wants: SCHED_IDLE, inherited by Spark's JVM.
+    """Run only on CPU time nobody else wants, and on one CPU only; both are inherited by
+    Spark's JVM and all its threads.
 
-    Measured under a crowd of 200 x 5 msg/s (docs/benchmark.md): at nice 10 alone the worker
-    took the crowd's p99 from 87 to 390 ms; the node and Synapse must always come first.
+    Measured under a crowd of 200 x 5 msg/s on 2 cores (docs/benchmark.md, "The live dashboard
+    under a crowd"): at nice 10 alone the worker took the crowd's p99 from 87 to 390 ms; under
+    SCHED_IDLE but free to move, the JVM's threads still cost 30-50 ms at p99; kept on one CPU
+    they cost none that the runs could tell from their spread.
     """
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     with contextlib.suppress(OSError):
         os.nice(NICE)
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
 
 
 def _die_with_parent(parent: int) -> None:
@@ -229,8 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     refresher = Refresher(config, layout, args.parent)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
-        # A cycle in progress is dropped: pages already exported keep their positions, and
-        # nothing half-analysed was published.
+        # A cycle in progress is dropped: a claimed spool is taken again by the next worker,
+        # and nothing half-analysed was published.
         refresher.stopping = True
         raise SystemExit(0)
 

@@ -63,6 +63,9 @@ class DashboardWorker:
     async def _supervise(self) -> None:
         failures = 0
         loop = asyncio.get_running_loop()
+        # A node that starts is met by its runtimes reconnecting all at once; the worker's start
+        # (imports, then a JVM) waits one refresh period instead of competing with that.
+        await asyncio.sleep(self._config.dashboard.refresh_seconds)
         while True:
             self._process = await self._spawn()
             started = loop.time()

@@ -15,6 +15,7 @@ import pytest
 from pyspark.sql import Row, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from adapter.analytics import aggregates as agg
 from adapter.analytics import names
 from adapter.analytics.job import run_analysis
 from tests.support.synthetic.export import SyntheticSpec, generate_export
@@ -216,3 +217,35 @@ def test_script_exits_non_zero_with_a_clear_message_when_nothing_can_be_read(
 
 def test_script_usage_error_exits_2() -> None:
     assert _run_script("--input", "/nowhere").returncode == 2
+
+
+def test_distinct_values_a_runtime_chooses_cannot_grow_the_aggregates(
+    spark: SparkSession, export_copy: Path, tmp_path: Path
+) -> None:
+    """One runtime sending 400 distinct types, codes and domains: each aggregate keeps the
+    CATEGORY_LIMIT most frequent values and counts the rest as OTHER; nothing is lost."""
+    good = _message_files(export_copy)[0]
+    table = pq.read_table(good)
+    hostile = pa.concat_tables([table] * (400 // table.num_rows + 1)).slice(0, 400)
+    values = range(hostile.num_rows)
+    for column, data, arrow_type in (
+        ("type", ["response"] * 50 + [f"t{i}" for i in values][50:], pa.string()),
+        ("response_code", [1000 + i for i in values], pa.int32()),
+        ("to_domain", [f"d{i}.example" for i in values], pa.string()),
+    ):
+        at = hostile.schema.get_field_index(column)
+        hostile = hostile.set_column(at, column, pa.array(data, arrow_type))
+    pq.write_table(hostile, good.parent / "part-hostile.parquet")
+
+    summary = run_analysis(spark, export_copy, tmp_path / "out")
+
+    out = tmp_path / "out"
+    per_minute = _rows(spark, out, names.MESSAGES_PER_MINUTE)
+    types = {r["type"] for r in per_minute} - {None}
+    assert len(types) <= agg.CATEGORY_LIMIT + 1 and agg.OTHER in types
+    assert sum(r["messages"] for r in per_minute) == summary["rows_read"]["messages"]
+    codes = {r["response_code"] for r in _rows(spark, out, names.RESPONSE_CODES)} - {None}
+    assert all(100 <= code <= 599 for code in codes), codes
+    domains = _rows(spark, out, names.DOMAIN_TRAFFIC)
+    assert len({r["to_domain"] for r in domains}) <= agg.CATEGORY_LIMIT + 2  # + null
+    assert sum(r["messages"] for r in domains) == summary["rows_read"]["messages"]

@@ -24,8 +24,8 @@ from ..support.runtime import PyRuntime
 
 pytestmark = [pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
-# A domain of its own: the session's homeserver is shared, so the rooms this node adopts may
-# hold earlier tests' traffic (within the window); this test's is the route D -> D.
+# A domain of its own: the session's homeserver is shared with earlier tests, whose traffic
+# must not count here; this test's is the route D -> D.
 D = "dash.test"
 TOKEN = "operator-token-for-the-dashboard"
 EXCHANGES = 60
@@ -201,7 +201,7 @@ async def test_the_worker_ends_with_a_killed_node(tmp_path: Path) -> None:
     parent.stdin.write(parse_config(raw, "test", environ={}).model_dump_json().encode())
     parent.stdin.close()
     worker = int(await parent.stdout.readline())
-    # The worker is at work: a cycle (failing here, as nothing answers) records its status.
+    # The worker is at work: a cycle (over an empty spool) records its status.
     status = tmp_path / "dashboard" / "status.json"
     async with asyncio.timeout(60):
         while not status.exists():
