@@ -31,14 +31,14 @@ import contextlib
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import structlog
-from sqlalchemy import Engine, Insert, event
+from sqlalchemy import Engine, Insert, Select, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
@@ -177,9 +177,18 @@ def create_engine(url: str, echo: bool = False, synchronous_commit: bool | None 
     return engine
 
 
-def upsert(dialect: str, entity: Any, keys: list[str], update: list[str] | None = None) -> Insert:
-    """INSERT that, on a conflict on ``keys``, updates ``update`` columns (or does nothing)."""
+def upsert(
+    dialect: str,
+    entity: Any,
+    keys: list[str],
+    update: list[str] | None = None,
+    source: tuple[Sequence[str], Select[Any]] | None = None,
+) -> Insert:
+    """INSERT that, on a conflict on ``keys``, updates ``update`` columns (or does nothing);
+    with ``source`` (columns, SELECT) the rows are what the SELECT gives."""
     stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(entity)
+    if source is not None:
+        stmt = stmt.from_select(list(source[0]), source[1])
     if update:
         return stmt.on_conflict_do_update(
             index_elements=keys, set_={c: getattr(stmt.excluded, c) for c in update}

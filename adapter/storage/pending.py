@@ -6,17 +6,27 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, bindparam, delete, func, select
+from sqlalchemy import Connection, bindparam, delete, exists, func, select
 
 from .clock import utcnow
 from .database import Database, upsert
-from .models import PendingDelivery
+from .models import PendingDelivery, RuntimeSession
 
 _P = PendingDelivery
-# A row already there (the same checkpoint, retried after a commit whose outcome was unknown)
-# is left as it is.
+_COLUMNS = ("session_id", "dseq", "payload", "origin", "oseq", "event_id", "created_at")
+# Only for a session that still exists: a runtime's session can be released (its row deleted)
+# between a delivery being kept in memory and the write, and one such row would otherwise
+# fail the whole write (a checkpoint carries every session's deliveries, lane positions and
+# marks). The existence check and the insert are one statement: a release committed first is
+# seen; one committing after waits on the foreign key's lock and then removes the rows with
+# the session. A row already there (the same checkpoint, retried after a commit whose outcome
+# was unknown) is left as it is.
+_STILL_THERE = select(*(bindparam(c, type_=_P.__table__.c[c].type) for c in _COLUMNS)).where(
+    exists().where(RuntimeSession.id == bindparam("session_id"))
+)
 _APPEND = {
-    dialect: upsert(dialect, _P, ["session_id", "dseq"]) for dialect in ("sqlite", "postgresql")
+    dialect: upsert(dialect, _P, ["session_id", "dseq"], source=(_COLUMNS, _STILL_THERE))
+    for dialect in ("sqlite", "postgresql")
 }
 _REMOVE_THROUGH = delete(_P).where(
     _P.session_id == bindparam("sid"), _P.dseq <= bindparam("through")

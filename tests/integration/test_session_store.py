@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 import pytest_asyncio
 from sqlalchemy import text
 
+from adapter.storage.clock import utcnow
 from adapter.storage.database import Database
 from adapter.storage.models import SessionState
+from adapter.storage.pending import PendingStore, kept_rows, write_kept
 from adapter.storage.sessions import SessionStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -96,3 +99,34 @@ async def test_a_deleted_session_takes_what_it_owned_and_nothing_else(db: Databa
     )
     assert owners.get("hyperty://example.com/k") == kept
     assert "hyperty://example.com/g" not in owners
+
+
+@dataclass(frozen=True)
+class Kept:
+    dseq: int
+    text: str
+    origin: str | None
+    oseq: int
+    event_id: str | None
+
+
+async def test_deliveries_kept_for_a_session_released_meanwhile_are_dropped_not_fatal(
+    db: Database,
+) -> None:
+    """A checkpoint carries every session's deliveries: one session released (its row deleted)
+    between keeping a delivery and the write must not fail the others' rows."""
+    store = SessionStore(db)
+    gone = await store.create(
+        "runtime://example.com/gone-2", "@_rethink_g2:example.com", "kg2", False, None
+    )
+    live = await store.create(
+        "runtime://example.com/live-2", "@_rethink_l2:example.com", "kl2", False, None
+    )
+    await store.delete(gone)
+    entries = [Kept(1, '{"id":1}', "o.1", 1, "$e"), Kept(2, '{"id":2}', "o.1", 2, "$e")]
+    rows = kept_rows([(gone, entries), (live, entries)], utcnow())
+    await db.run(lambda c: write_kept(c, rows))
+    await db.run(lambda c: write_kept(c, rows))  # a retried checkpoint: nothing twice
+    pending = PendingStore(db)
+    assert await pending.count(gone) == 0
+    assert [r.dseq for r in await pending.after(live, 0, 10)] == [1, 2]

@@ -213,7 +213,8 @@ class PyRuntime:
         """Close the socket without `disconnect` (a network loss, as the node sees it)."""
         if self.ws is not None:
             await self.ws.close()
-        if self._reader is not None:
+        # Already done when `disconnect` gave up waiting for it (wait_for cancelled it then).
+        if self._reader is not None and not self._reader.done():
             with _suppress():
                 await asyncio.wait_for(self._reader, 5)
 
