@@ -197,9 +197,19 @@ let runStart = 0;
 function dueOf(i, k) {
   return runStart + (pairs[i].g / N + k) * PERIOD;
 }
+// A due time on a window edge is computed with other additions than the edge itself and may
+// land one rounding step either side of it: the edges are moved by far less than any gap
+// between two dues, so every sender has exactly DURATION / PERIOD dues in the window.
+const EDGE_MS = 1e-6;
+function beforeWindow(due) {
+  return due < windowStart - EDGE_MS;
+}
+function afterWindow(due) {
+  return due >= windowEnd - EDGE_MS;
+}
 function isMeasured(k, i) {
   const due = dueOf(i, k);
-  return due >= windowStart && due < windowEnd;
+  return !beforeWindow(due) && !afterWindow(due);
 }
 
 async function setup(startPerf) {
@@ -289,7 +299,7 @@ async function run(startPerf) {
         const i = order[m % order.length];
         const k = Math.floor(m / order.length);
         const due = dueOf(i, k);
-        if (due >= windowEnd) {
+        if (afterWindow(due)) {
           m = total;
           break;
         }
@@ -298,7 +308,7 @@ async function run(startPerf) {
         const [head, mid] = texts[i];
         pairs[i].sender.ws.send(`${head}${k}${mid}${k},"payload":"${payload(k * N + pairs[i].g)}"}}`);
         sentAt[i * ROUNDS + k] = sent;
-        if (due >= windowStart) {
+        if (!beforeWindow(due)) {
           measuredSent++;
           measuredOutstanding++;
           lags.push(sent - due);
