@@ -194,7 +194,7 @@ def _yield_the_cpu() -> None:
     Measured under a crowd of 200 x 5 msg/s on 2 cores (docs/benchmark.md, "The live dashboard
     under a crowd"): at nice 10 alone the worker took the crowd's p99 from 87 to 390 ms; under
     SCHED_IDLE but free to move, the JVM's threads still cost 30-50 ms at p99; kept on one CPU
-    they cost none that the runs could tell from their spread.
+    they cost 5-15 ms, and nothing at p50.
     """
     with contextlib.suppress(OSError, AttributeError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
