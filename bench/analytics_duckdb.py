@@ -13,7 +13,18 @@ from typing import Final
 
 import duckdb
 
+from adapter.analytics.names import CATEGORY_LIMIT, CODE_RANGE, OTHER
+
 MINUTE: Final = "(ts - ((ts % 60000 + 60000) % 60000))"
+
+
+def _folded(column: str, source: str) -> str:
+    """`column`, or OTHER when not among the CATEGORY_LIMIT most frequent values in `source`."""
+    return f"""CASE WHEN {column} IS NULL OR {column} IN (
+        SELECT {column} FROM {source} WHERE {column} IS NOT NULL GROUP BY ALL
+        ORDER BY count(*) DESC, {column} ASC LIMIT {CATEGORY_LIMIT}
+    ) THEN {column} ELSE '{OTHER}' END"""
+
 
 _VIEWS: Final = """
 CREATE OR REPLACE VIEW messages AS
@@ -24,6 +35,12 @@ CREATE OR REPLACE VIEW receipts AS
 
 # Intermediate tables computed once, as the Spark job computes its rollups once.
 _TEMP_TABLES: Final = {
+    "traffic": f"""
+        SELECT ts, {_folded("type", "messages")} AS type, kind,
+               CASE WHEN response_code BETWEEN {CODE_RANGE[0]} AND {CODE_RANGE[1]}
+                    THEN response_code END AS response_code
+        FROM messages
+    """,
     "fanout": """
         WITH once AS (
             SELECT event_id, index_in_event, max(delivered) AS delivered, min(ts) AS delivered_ts
@@ -82,9 +99,10 @@ _LATENCY_STATS: Final = """count(*) AS pairs,
 def _aggregates(top_n: int) -> dict[str, str]:
     return {
         "messages_per_minute": f"""
-            SELECT {MINUTE} AS minute, type, count(*) AS messages FROM messages GROUP BY ALL""",
-        "domain_traffic": """
-            SELECT from_domain, to_domain, count(*) AS messages,
+            SELECT {MINUTE} AS minute, type, count(*) AS messages FROM traffic GROUP BY ALL""",
+        "domain_traffic": f"""
+            SELECT {_folded("from_domain", "messages")} AS from_domain,
+                   {_folded("to_domain", "messages")} AS to_domain, count(*) AS messages,
                    coalesce(sum(body_size), 0)::BIGINT AS bytes
             FROM messages GROUP BY ALL""",
         "top_talkers": f"""
@@ -107,15 +125,15 @@ def _aggregates(top_n: int) -> dict[str, str]:
             FROM ranked WHERE rank <= {top_n}""",
         "response_codes": """
             SELECT response_code, count(*) AS responses
-            FROM messages WHERE type = 'response' GROUP BY ALL""",
+            FROM traffic WHERE type = 'response' GROUP BY ALL""",
         "error_rate_per_minute": f"""
             SELECT {MINUTE} AS minute, count(*) AS responses,
                    count(*) FILTER (WHERE response_code >= 400) AS errors,
                    count(*) FILTER (WHERE response_code >= 400) / count(*) AS error_rate
-            FROM messages WHERE type = 'response' AND response_code IS NOT NULL GROUP BY ALL""",
+            FROM traffic WHERE type = 'response' AND response_code IS NOT NULL GROUP BY ALL""",
         "errors_per_minute": f"""
             SELECT {MINUTE} AS minute, response_code, count(*) AS responses
-            FROM messages WHERE type = 'response' AND response_code >= 400 GROUP BY ALL""",
+            FROM traffic WHERE type = 'response' AND response_code >= 400 GROUP BY ALL""",
         "delivery_latency": f"""
             SELECT false AS all_routes, from_domain, to_domain, {_LATENCY_STATS}
             FROM fanout WHERE latency_ms IS NOT NULL GROUP BY ALL
@@ -126,7 +144,8 @@ def _aggregates(top_n: int) -> dict[str, str]:
             FROM fanout WHERE latency_ms IS NOT NULL GROUP BY ALL""",
         "latency_overall": f"SELECT {_LATENCY_STATS} FROM latency_pairs",
         "latency_by_type": f"""
-            SELECT request_type, {_LATENCY_STATS} FROM latency_pairs GROUP BY ALL""",
+            SELECT {_folded("request_type", "latency_pairs")} AS request_type, {_LATENCY_STATS}
+            FROM latency_pairs GROUP BY ALL""",
         "fanout_distribution": """
             SELECT delivered, count(*) AS messages FROM fanout GROUP BY ALL""",
         "fanout_by_address": """

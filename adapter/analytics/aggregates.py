@@ -54,6 +54,7 @@ from typing import Final
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from adapter.analytics.names import CATEGORY_LIMIT, CODE_RANGE, OTHER
 from adapter.analytics.schema import (
     EVENT_TYPE_BATCH,
     KIND_REJECTED_REQUEST,
@@ -64,9 +65,6 @@ from adapter.analytics.schema import (
 )
 
 MINUTE_MS: Final = 60_000
-CATEGORY_LIMIT: Final = 100
-OTHER: Final = "(other)"
-CODE_RANGE: Final = (100, 599)
 SENDER_KINDS: Final = (KIND_ROUTED, KIND_SERVICE_REQUEST, KIND_REJECTED_REQUEST)
 PERCENTILES: Final = (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99))
 CHURN_OPERATIONS: Final = {

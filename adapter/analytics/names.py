@@ -40,3 +40,10 @@ AGGREGATE_NAMES: Final = (
 )
 
 SUMMARY_FILE: Final = "summary.json"
+
+# Bounds every engine applies to what runtimes choose (adapter/analytics/aggregates.py's doc):
+# the most frequent CATEGORY_LIMIT values of a category are kept, the rest count as OTHER, and
+# a response code outside CODE_RANGE counts as no code.
+CATEGORY_LIMIT: Final = 100
+OTHER: Final = "(other)"
+CODE_RANGE: Final = (100, 599)
