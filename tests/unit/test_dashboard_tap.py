@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from adapter import carrier
 from adapter.carrier import LaneEncoder, Routed, Sender
-from adapter.config import parse_config
+from adapter.config import NodeConfig, parse_config
 from adapter.observability import NodeMetrics
 from adapter.ops.ingest import claim, ingest_spool
 from adapter.ops.layout import DashboardLayout
@@ -140,6 +140,19 @@ async def test_a_transaction_that_fails_is_kept_once_when_it_comes_again(
     assert len(spooled.read_bytes().splitlines()) == 1
 
 
+async def worker_with_one_batch(
+    tmp_path: Path, metrics: NodeMetrics
+) -> tuple[DashboardLayout, NodeConfig, EventTap]:
+    """A worker's layout and configuration, and a tap that has spooled one batch of 3."""
+    layout = DashboardLayout(tmp_path / "dashboard")
+    layout.prepare()
+    config = parse_config({"appservice": {"as_token": "a" * 20, "hs_token": "h" * 20}})
+    tap = EventTap(layout.spool_dir, metrics, keep_seconds=3600)
+    tap.observe([batch_event(1, 3)])
+    await tap.flush()
+    return layout, config, tap
+
+
 def message_ids(layout: DashboardLayout) -> list[int]:
     table = pq.read_table(layout.export_dir / "messages")
     return sorted(int(i) for i in table.column("msg_id").to_pylist())
@@ -148,12 +161,7 @@ def message_ids(layout: DashboardLayout) -> list[int]:
 async def test_the_worker_writes_each_spooled_message_once_even_after_dying_half_way(
     tmp_path: Path, metrics: NodeMetrics
 ) -> None:
-    layout = DashboardLayout(tmp_path / "dashboard")
-    layout.prepare()
-    config = parse_config({"appservice": {"as_token": "a" * 20, "hs_token": "h" * 20}})
-    tap = EventTap(layout.spool_dir, metrics, keep_seconds=3600)
-    tap.observe([batch_event(1, 3)])
-    await tap.flush()
+    layout, config, tap = await worker_with_one_batch(tmp_path, metrics)
     # A worker claims that file, then dies before writing its rows.
     [claimed] = claim(layout.spool_dir)
     assert spooled_files(layout.spool_dir) == []
@@ -173,12 +181,7 @@ async def test_the_worker_rewrites_rather_than_repeats_a_claim_it_had_finished(
     tmp_path: Path, metrics: NodeMetrics
 ) -> None:
     """Died after writing the rows but before deleting the claim: the same files again."""
-    layout = DashboardLayout(tmp_path / "dashboard")
-    layout.prepare()
-    config = parse_config({"appservice": {"as_token": "a" * 20, "hs_token": "h" * 20}})
-    tap = EventTap(layout.spool_dir, metrics, keep_seconds=3600)
-    tap.observe([batch_event(1, 3)])
-    await tap.flush()
+    layout, config, _tap = await worker_with_one_batch(tmp_path, metrics)
     [claimed] = claim(layout.spool_dir)
     shutil.copytree(claimed.directory, tmp_path / "kept")
     await ingest_spool(config, layout)
