@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import dashboard_watch
 
 BENCH = Path(__file__).resolve().parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -496,7 +498,10 @@ async def run_group(
     work: Path,
     say: Callable[[str], None],
     quick: bool = False,
+    dashboard: bool = False,
 ) -> None:
+    """With `dashboard` (the node's dashboard worker is on) the node's cells also measure how
+    current its live dashboard stays (bench/dashboard_watch.py)."""
     # The reference: the bare pipeline's light-load latency on a fresh homeserver, same size.
     count, rate = BARE_LIGHT_LOAD_QUICK if quick else BARE_LIGHT_LOAD
     say(f"[bold]crowd: bare pipeline light-load reference ({count} at {rate:g}/s)")
@@ -528,7 +533,13 @@ async def run_group(
                 synapse = stack.synapses.get(phase)
                 pids = {"node": service.proc.pid, "synapse": synapse.pid if synapse else None}
                 metrics = service.health_url.replace("/health", "/metrics")
-                await run_cell(cell, name, url, domain, pids, results, work, say, metrics)
+                companion: Companion | None = None
+                if dashboard and name == "node":
+                    data_url = service.health_url.replace("/health", "/dashboard/data.json")
+                    companion = functools.partial(dashboard_watch.watch, data_url=data_url)
+                await run_cell(
+                    cell, name, url, domain, pids, results, work, say, metrics, companion=companion
+                )
 
             try:
                 await stack.run_node_like(name, command, journal, phase=phase, scenarios=scenarios)

@@ -776,6 +776,7 @@ async def main(args: argparse.Namespace) -> int:
             work,
             console.print,
             args.quick,
+            dashboard=bool(NODE_SETTINGS.get("dashboard.worker")),
         )
     if plan.runs("churn"):
         await churn.run_group(

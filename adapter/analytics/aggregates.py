@@ -83,15 +83,17 @@ def _count() -> Column:
     return F.count(F.lit(1))
 
 
-def fold_rare(frame: DataFrame, column: str, weight: Column) -> DataFrame:
-    """`frame` with `column` kept for its CATEGORY_LIMIT heaviest values (by the sum of
-    `weight`, ties by value) and OTHER in place of any other non-null value."""
+def fold_rare(
+    frame: DataFrame, column: str, weight: Column, limit: int = CATEGORY_LIMIT
+) -> DataFrame:
+    """`frame` with `column` kept for its `limit` heaviest values (by the sum of `weight`, ties
+    by value) and OTHER in place of any other non-null value."""
     kept = (
         frame.where(F.col(column).isNotNull())
         .groupBy(F.col(column).alias("_kept"))
         .agg(F.sum(weight).alias("_weight"))
         .orderBy(F.desc("_weight"), F.asc("_kept"))
-        .limit(CATEGORY_LIMIT)
+        .limit(limit)
         .select("_kept")
     )
     return (
@@ -111,7 +113,7 @@ def _http_code(code: Column) -> Column:
     return F.when(code.between(low, high), code).cast("int")
 
 
-def traffic_rollup(messages: DataFrame) -> DataFrame:
+def traffic_rollup(messages: DataFrame, limit: int = CATEGORY_LIMIT) -> DataFrame:
     """minute, type, kind, response_code -> rows, ts_min, ts_max.
 
     Small (minutes x types x kinds x codes, each bounded) and read once from the input; messages
@@ -125,7 +127,7 @@ def traffic_rollup(messages: DataFrame) -> DataFrame:
         _http_code(F.col("response_code")).alias("response_code"),
     ).agg(_count().alias("rows"), F.min("ts").alias("ts_min"), F.max("ts").alias("ts_max"))
     return (
-        fold_rare(raw, "type", F.col("rows"))
+        fold_rare(raw, "type", F.col("rows"), limit)
         .groupBy(*keys)
         .agg(
             F.sum("rows").alias("rows"),
@@ -144,8 +146,9 @@ def messages_per_minute(traffic: DataFrame) -> DataFrame:
     return traffic.groupBy("minute", "type").agg(_sum_long("rows").alias("messages"))
 
 
-def talker_rollup(messages: DataFrame) -> DataFrame:
-    """from_domain, to_domain, sender_runtime, sender_hyperty -> rows, bytes, null counts.
+def talker_rollup(messages: DataFrame, *by: Column) -> DataFrame:
+    """from_domain, to_domain, sender_runtime, sender_hyperty (and `by`) -> rows, bytes, null
+    counts.
 
     sender_runtime / sender_hyperty are null unless the row is a message the runtime (hyperty)
     sent, so one small table serves both the domain matrix and the talkers. It also counts rows
@@ -153,6 +156,7 @@ def talker_rollup(messages: DataFrame) -> DataFrame:
     """
     sent = F.col("kind").isin(*SENDER_KINDS)
     return messages.groupBy(
+        *by,
         "from_domain",
         "to_domain",
         F.when(sent, F.col("runtime")).alias("sender_runtime"),
@@ -226,15 +230,17 @@ def error_rate_per_minute(traffic: DataFrame) -> DataFrame:
     )
 
 
-def latency_pairs(messages: DataFrame) -> DataFrame:
-    """request_type, latency_ms: one row per answered routed request (rules in the module doc).
+CALL_KEY: Final = ("key_hash", "key_hash2")
 
-    Requests and responses of one (msg_id, requester, responder) key meet in one window ordered
-    by time (a request before a response of the same ms), where "the latest request so far" is a
-    running max: one shuffle and one sort. The key travels as a 96-bit fingerprint (xxhash64 and
-    murmur3 of the three strings): fixed-width rows shuffle and sort a third faster than the
-    strings (measured on 10M rows), and two distinct keys share a fingerprint with probability
-    about n^2 / 2^97 (< 1e-15 for 10M keys).
+
+def routed_calls(messages: DataFrame) -> DataFrame:
+    """key_hash, key_hash2, ts, is_response, type (of a request): every routed request and
+    response, keyed by (msg_id, requester, responder).
+
+    The key travels as a 96-bit fingerprint (xxhash64 and murmur3 of the three strings):
+    fixed-width rows shuffle and sort a third faster than the strings (measured on 10M rows), and
+    two distinct keys share a fingerprint with probability about n^2 / 2^97 (< 1e-15 for 10M
+    keys).
     """
     routed = messages.where(
         (F.col("kind") == KIND_ROUTED)
@@ -247,14 +253,24 @@ def latency_pairs(messages: DataFrame) -> DataFrame:
     is_response = F.col("type") == "response"
     requester = F.when(is_response, F.col("to")).otherwise(F.col("from"))
     responder = F.when(is_response, F.col("from")).otherwise(F.col("to"))
-    key = ["key_hash", "key_hash2"]
-    calls = routed.select(
+    return routed.select(
         F.xxhash64("msg_id", requester, responder).alias("key_hash"),
         F.hash("msg_id", requester, responder).alias("key_hash2"),
         "ts",
         is_response.alias("is_response"),
         F.when(~is_response, F.col("type")).alias("type"),
     )
+
+
+def first_answers(calls: DataFrame) -> DataFrame:
+    """key_hash, key_hash2, request_ts, request_type, response_ts: each answered request of
+    `calls` (routed_calls' columns) with its first answer.
+
+    Requests and responses of one key meet in one window ordered by time (a request before a
+    response of the same ms), where "the latest request so far" is a running max: one shuffle
+    and one sort.
+    """
+    key = list(CALL_KEY)
     so_far = (
         Window.partitionBy(*key)
         .orderBy("ts", "is_response")
@@ -268,10 +284,14 @@ def latency_pairs(messages: DataFrame) -> DataFrame:
         F.last("type", ignorenulls=True).over(so_far).alias("request_type"),
     ).where(F.col("is_response") & F.col("request_ts").isNotNull())
     # Grouped by a superset of the window's partition key: no second shuffle.
-    first_answers = answers.groupBy(*key, "request_ts", "request_type").agg(
+    return answers.groupBy(*key, "request_ts", "request_type").agg(
         F.min("response_ts").alias("response_ts")
     )
-    return first_answers.select(
+
+
+def latency_pairs(messages: DataFrame) -> DataFrame:
+    """request_type, latency_ms: one row per answered routed request (rules in the module doc)."""
+    return first_answers(routed_calls(messages)).select(
         "request_type", (F.col("response_ts") - F.col("request_ts")).alias("latency_ms")
     )
 
@@ -567,29 +587,45 @@ def churn_per_minute(churn: DataFrame) -> DataFrame:
     return churn.where(F.col("has_answer") & (F.col("operation") > 0)).groupBy("minute").agg(*sums)
 
 
-def batching(messages: DataFrame) -> DataFrame:
-    """event_type, carrier, messages_in_event, events.
+BATCHING_KEYS: Final = ("event_type", "carrier", "messages_in_event")
+
+
+def batching_by_minute(messages: DataFrame) -> DataFrame:
+    """minute, event_type, carrier, messages_in_event, events; an event's minute is its
+    first row's.
 
     An outbox batch event is counted by its first message (index_in_event 0): every batch holds
     messages 0..n-1, so this needs no shuffle of millions of event ids. Journal events are counted
     by distinct event_id, because which positions their rows take is the exporter's business.
     """
     is_batch = F.col("event_type") == EVENT_TYPE_BATCH
-    keys = ["event_type", "carrier", "messages_in_event"]
+    keys = ["minute", *BATCHING_KEYS]
     batches = (
         messages.where(is_batch & (F.col("index_in_event") == 0))
-        .groupBy(*keys)
+        .groupBy(minute_of(F.col("ts")).alias("minute"), *BATCHING_KEYS)
         .agg(_count().alias("events"))
     )
     others = (
         messages.where(~is_batch | F.col("event_type").isNull())
         .where(F.col("event_id").isNotNull())
         .groupBy("event_id")
-        .agg(*(F.max(key).alias(key) for key in keys))
+        .agg(
+            minute_of(F.min("ts")).alias("minute"),
+            *(F.max(key).alias(key) for key in BATCHING_KEYS),
+        )
         .groupBy(*keys)
         .agg(_count().alias("events"))
     )
     return batches.unionByName(others).groupBy(*keys).agg(_sum_long("events").alias("events"))
+
+
+def batching(messages: DataFrame) -> DataFrame:
+    """event_type, carrier, messages_in_event, events."""
+    return (
+        batching_by_minute(messages)
+        .groupBy(*BATCHING_KEYS)
+        .agg(_sum_long("events").alias("events"))
+    )
 
 
 def message_totals(traffic: DataFrame) -> DataFrame:

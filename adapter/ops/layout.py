@@ -3,7 +3,8 @@
 <state_dir>/spool/             room events the node took from its transactions (adapter/ops/tap.py)
 <state_dir>/spool/claimed-*/   spool files the worker is turning into export rows
 <state_dir>/export/            the worker's export (messages/, receipts/)
-<state_dir>/aggregates/<n>/    the Spark job's output of cycle n
+<state_dir>/live/              the window's partials and open tables (adapter/ops/live_state.py)
+<state_dir>/aggregates/<n>/    the window's aggregates as of cycle n
 <state_dir>/current            symlink to the newest finished aggregates/<n>
 <state_dir>/status.json        how the last cycle went
 <state_dir>/worker.log         the worker's (and Spark's) stderr
@@ -28,13 +29,20 @@ class DashboardLayout:
         self.root = state_dir
         self.spool_dir = state_dir / "spool"
         self.export_dir = state_dir / "export"
+        self.live_dir = state_dir / "live"
         self.aggregates_dir = state_dir / "aggregates"
         self.current = state_dir / "current"
         self.status_file = state_dir / "status.json"
         self.log_file = state_dir / "worker.log"
 
     def prepare(self) -> None:
-        for directory in (self.root, self.spool_dir, self.export_dir, self.aggregates_dir):
+        for directory in (
+            self.root,
+            self.spool_dir,
+            self.export_dir,
+            self.live_dir,
+            self.aggregates_dir,
+        ):
             private_dir(directory)
 
     def new_cycle_dir(self, cycle: int) -> Path:

@@ -1,4 +1,4 @@
-"""The dashboard's worker process: export what is new, analyse the window, publish, repeat.
+"""The dashboard's worker process: export what is new, add it to the window, publish, repeat.
 
 Started by the node (adapter/ops/worker.py) as
 
@@ -15,9 +15,13 @@ Each cycle:
    rows in `export/` (adapter/ops/ingest.py); the worker never reads the rooms back from the
    homeserver, which carries the live traffic;
 2. delete export files whose newest row is older than the window;
-3. run the Spark job over the window into a new `aggregates/<n>/` and point `current` at it
-   (a symlink replaced atomically: the node never reads a half-written cycle);
-4. wait `refresh_seconds` from the cycle's start, and never less than the cycle took, so the
+3. run the incremental Spark job (adapter/analytics/increments.py) over the rows exported since
+   the last cycle only, into per-minute partials (adapter/ops/live_state.py): a cycle's work
+   grows with the traffic since the last cycle, not with the window;
+4. sum the window's partials (adapter/analytics/window.py, no Spark) into a new
+   `aggregates/<n>/` and point `current` at it (a symlink replaced atomically: the node never
+   reads a half-written cycle);
+5. wait `refresh_seconds` from the cycle's start, and never less than the cycle took, so the
    worker is busy half of the time at most.
 
 `status.json` says how the last cycle went; the node shows it on the page.
@@ -38,20 +42,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from adapter.analytics.job import (
-    build_spark,
-    inventory_inputs,
-    nothing_to_read,
-    quiet,
-    run_analysis,
-    write_empty_summary,
-)
+from adapter.analytics.aggregates import MINUTE_MS
+from adapter.analytics.job import DEFAULT_TOP_N, build_spark, quiet
 from adapter.config import NodeConfig
 from adapter.ops.ingest import ingest_spool
 from adapter.ops.layout import DashboardLayout
+from adapter.ops.live_state import LiveState, footer_rows_and_newest
 
 KEEP_CYCLES: Final = 2
 """Finished aggregate directories kept (the current one and the one before, still being read)."""
@@ -60,28 +56,11 @@ PR_SET_PDEATHSIG: Final = 1
 JVM_OPTIONS: Final = "-XX:ActiveProcessorCount=1 -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 
 
-def _newest_ts(path: Path) -> int | None:
-    """The largest `ts` in a Parquet file, from its footer statistics (no data read)."""
-    try:
-        metadata = pq.ParquetFile(path).metadata
-    except (OSError, pa.ArrowException, ValueError):
-        return None
-    index = metadata.schema.to_arrow_schema().get_field_index("ts")
-    newest: int | None = None
-    for group in range(metadata.num_row_groups):
-        stats = metadata.row_group(group).column(index).statistics if index >= 0 else None
-        if stats is None or not stats.has_min_max:
-            return None
-        value = int(stats.max)
-        newest = value if newest is None else max(newest, value)
-    return newest
-
-
 def prune_export(export_dir: Path, before_ms: int) -> int:
     """Delete export files whose rows are all older than `before_ms`; return how many."""
     removed = 0
     for path in export_dir.glob("*/date=*/*.parquet"):
-        newest = _newest_ts(path)
+        newest = footer_rows_and_newest(path)[1]
         if newest is not None and newest < before_ms:
             path.unlink(missing_ok=True)
             removed += 1
@@ -99,12 +78,12 @@ class Refresher:
         self._settings = config.dashboard
         self._spark: Any = None
         self._cycle = 0
-        self._startup_seconds = 0.0
+        self._fresh_session = False
         self.stopping = False
 
     def _spark_session(self) -> Any:
         if self._spark is None:
-            started = time.monotonic()
+            self._fresh_session = True
             self._spark = build_spark(
                 master=self._settings.spark_master,
                 app_name="rethink-mn-dashboard",
@@ -120,7 +99,6 @@ class Refresher:
                 },
             )
             quiet(self._spark)
-            self._startup_seconds += time.monotonic() - started
         return self._spark
 
     def cycle(self) -> dict[str, Any]:
@@ -128,25 +106,22 @@ class Refresher:
         started = time.time()
         exported = asyncio.run(ingest_spool(self._config, layout))
         exported_s = time.time() - started
+        # The window starts at a minute's start: partials are per minute.
         since_ms = int((started - 60 * self._settings.window_minutes) * 1000)
+        since_ms -= since_ms % MINUTE_MS
         pruned = prune_export(layout.export_dir, since_ms)
+        live = LiveState(layout.live_dir, layout.export_dir)
+        analysed_s = time.time()
+        try:
+            # Spark (and its JVM) only once there is something new to read.
+            rows = live.advance(self._spark_session, since_ms)
+        except Exception:
+            self.close()  # a fresh Spark session next cycle, in case this one broke
+            raise
+        analysed_s = time.time() - analysed_s
         self._cycle += 1
         target = layout.new_cycle_dir(self._cycle)
-        inputs = inventory_inputs(layout.export_dir)
-        if nothing_to_read(inputs):
-            summary = write_empty_summary(layout.export_dir, target, inputs)
-        else:
-            try:
-                summary = run_analysis(
-                    self._spark_session(),
-                    layout.export_dir,
-                    target,
-                    inputs=inputs,
-                    since_ms=since_ms,
-                )
-            except Exception:
-                self.close()  # a fresh Spark session next cycle, in case this one broke
-                raise
+        summary = live.merge(target, since_ms, DEFAULT_TOP_N)
         layout.publish(target)
         layout.drop_old_cycles(KEEP_CYCLES)
         return {
@@ -156,7 +131,9 @@ class Refresher:
             "export_seconds": round(exported_s, 3),
             "exported_events": exported.events,
             "pruned_files": pruned,
-            "rows_analysed": summary.get("rows_read"),
+            "rows_added": rows,
+            "increment_seconds": round(analysed_s, 3),
+            "rows_in_window": summary.get("rows_read"),
             "window_minutes": self._settings.window_minutes,
         }
 
@@ -172,12 +149,14 @@ class Refresher:
                     "error": f"{type(exc).__name__}: {exc}"[:500],
                 }
                 print(f"dashboard cycle failed: {status['error']}", file=sys.stderr, flush=True)
-            # Starting Spark (its JVM) is not the cycle's work: counted, a worker's first wait
-            # would be as long as that start-up, and its figures a cycle later than need be.
-            elapsed = time.monotonic() - started - self._startup_seconds
-            self._startup_seconds = 0.0
+            # A cycle that started Spark (its JVM, then every query compiled cold) is no
+            # measure of the next: it does not stretch the wait, or the first figures after
+            # start-up would stay a whole cold cycle longer than need be.
+            elapsed = time.monotonic() - started
+            floor = 0.0 if self._fresh_session else elapsed
+            self._fresh_session = False
             status["next_in_seconds"] = round(
-                max(self._settings.refresh_seconds - elapsed, elapsed), 1
+                max(self._settings.refresh_seconds - elapsed, floor), 1
             )
             self._layout.write_status(status)
             deadline = time.monotonic() + status["next_in_seconds"]

@@ -22,6 +22,7 @@ from .layout import DashboardLayout
 log = structlog.get_logger("rethink_mn.dashboard")
 
 RESTART_DELAYS: Final = (1.0, 5.0, 30.0, 60.0)
+START_DELAY_SECONDS: Final = 10.0
 STOP_GRACE_SECONDS: Final = 10.0
 
 
@@ -63,9 +64,10 @@ class DashboardWorker:
     async def _supervise(self) -> None:
         failures = 0
         loop = asyncio.get_running_loop()
-        # A node that starts is met by its runtimes reconnecting all at once; the worker's start
-        # (imports, then a JVM) waits one refresh period instead of competing with that.
-        await asyncio.sleep(self._config.dashboard.refresh_seconds)
+        # A node that starts is met by its runtimes reconnecting all at once (200 of them within
+        # about a second here); the worker's start (imports, then a JVM) waits that out instead
+        # of competing with it, but not so long that the first figures come late.
+        await asyncio.sleep(min(self._config.dashboard.refresh_seconds, START_DELAY_SECONDS))
         while True:
             self._process = await self._spawn()
             started = loop.time()
