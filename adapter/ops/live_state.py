@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -36,6 +37,7 @@ from adapter.private_files import private_dir
 META: Final = "meta.json"
 CURRENT: Final = "current"
 TABLES: Final = ("messages", "receipts")
+UNREADABLE_SUFFIX: Final = ".unreadable"
 
 
 def footer_rows_and_newest(path: Path) -> tuple[int, int | None]:
@@ -159,13 +161,12 @@ class LiveState:
                 kind = "partials" if name in PARTIALS else "open"
                 (staging / kind).mkdir(parents=True, exist_ok=True)
                 pq.write_table(table, staging / kind / f"{name}.parquet")
-                if kind == "partials" and table.num_rows:
-                    top = max(
-                        (m for m in table.column("minute").to_pylist() if m is not None),
-                        default=None,
-                    )
-                    if top is not None and (newest_minute is None or top > newest_minute):
-                        newest_minute = top
+                top = pc.max(table.column("minute")).as_py() if kind == "partials" else None
+                if top is not None and (newest_minute is None or top > newest_minute):
+                    newest_minute = top
+        except Exception as error:
+            self._set_aside_unreadable(error, [p for paths in files.values() for p in paths])
+            raise
         finally:
             spark.catalog.clearCache()
         still_there = {Path(p).name for p in self._all_export_files()}
@@ -180,6 +181,16 @@ class LiveState:
         self._publish(final)
         self._drop_old(since_ms, number)
         return rows
+
+    @staticmethod
+    def _set_aside_unreadable(error: Exception, paths: list[str]) -> None:
+        """A file Spark could not read would fail every cycle from now on: the one the error
+        names is renamed out of the export's pattern (kept for a look), and the cycle fails
+        once, not for ever."""
+        for path in paths:
+            if path in str(error):
+                with contextlib.suppress(OSError):
+                    os.replace(path, path + UNREADABLE_SUFFIX)
 
     def _all_export_files(self) -> list[Path]:
         return [p for table in TABLES for p in (self.export_dir / table).glob("date=*/*.parquet")]

@@ -111,3 +111,19 @@ def test_a_worker_that_died_before_publishing_counts_nothing_twice(
     again = live.merge(tmp_path / "b-out", since, SPEC.top_n)
     for key in HEADLINE:
         assert again[key] == reference[key], key
+
+
+def test_an_unreadable_export_file_fails_one_cycle_not_every_one(
+    spark: SparkSession, analysed: AnalysedExport, tmp_path: Path
+) -> None:
+    ts = _tables(analysed.export, "messages").column("ts")
+    since = pc.min(ts).as_py() - pc.min(ts).as_py() % MINUTE_MS
+    _slice_into(analysed.export, tmp_path / "export", [since, since + 10 * MINUTE_MS], 0)
+    broken = next((tmp_path / "export" / "messages").glob("date=*")) / "part-broken.parquet"
+    broken.write_bytes(b"PAR1 not really parquet PAR1")
+    live = LiveState(tmp_path / "live", tmp_path / "export")
+    with pytest.raises(Exception, match="part-broken"):
+        live.advance(lambda: spark, since)
+    assert not broken.exists() and broken.with_name(broken.name + ".unreadable").exists()
+    assert live.advance(lambda: spark, since) > 0
+    assert live.merge(tmp_path / "out", since, SPEC.top_n)["rows_read"]["messages"] > 0
