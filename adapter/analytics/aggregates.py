@@ -84,10 +84,14 @@ def _count() -> Column:
 
 
 def fold_rare(
-    frame: DataFrame, column: str, weight: Column, limit: int = CATEGORY_LIMIT
+    frame: DataFrame,
+    column: str,
+    weight: Column,
+    limit: int = CATEGORY_LIMIT,
+    rest: str | None = OTHER,
 ) -> DataFrame:
     """`frame` with `column` kept for its `limit` heaviest values (by the sum of `weight`, ties
-    by value) and OTHER in place of any other non-null value."""
+    by value) and `rest` in place of any other non-null value."""
     kept = (
         frame.where(F.col(column).isNotNull())
         .groupBy(F.col(column).alias("_kept"))
@@ -101,7 +105,7 @@ def fold_rare(
         .withColumn(
             column,
             F.when(F.col(column).isNull() | F.col("_kept").isNotNull(), F.col(column)).otherwise(
-                F.lit(OTHER)
+                F.lit(rest).cast(frame.schema[column].dataType)
             ),
         )
         .drop("_kept")

@@ -22,8 +22,9 @@ Definitions are the batch job's (aggregates.py), with two differences that only 
 across cycles can show: a receipt written again in a later cycle than the first is not counted
 (the first still is), and an answer in a later cycle pairs with the latest *unanswered* request
 of its key. Categories are folded per cycle at PARTIAL_LIMIT (10x the window's limit) to bound
-the partials; the window folds again at CATEGORY_LIMIT, so the result equals the batch job's
-while no cycle sees more than PARTIAL_LIMIT distinct values of one category.
+the partials, and so are talkers (a cycle keeps its PARTIAL_LIMIT heaviest senders); the window
+folds again at CATEGORY_LIMIT, so the result equals the batch job's while no cycle sees more
+than PARTIAL_LIMIT distinct values of one category or senders.
 """
 
 from __future__ import annotations
@@ -224,6 +225,11 @@ def increment(
     talkers = agg.talker_rollup(messages, _minute("ts"))
     for column in ("from_domain", "to_domain"):
         talkers = agg.fold_rare(talkers, column, F.col("rows"), PARTIAL_LIMIT)
+    # A runtime chooses the `from` of a request the node refuses: only the cycle's heaviest
+    # senders are kept by address (a top-talker list needs no more), or one runtime could
+    # fill the window with addresses. Their messages still count in domain traffic.
+    for column in ("sender_runtime", "sender_hyperty"):
+        talkers = agg.fold_rare(talkers, column, F.col("rows"), PARTIAL_LIMIT, rest=None)
     return {
         TRAFFIC: agg.traffic_rollup(messages, PARTIAL_LIMIT),
         TALKERS: talkers.groupBy(

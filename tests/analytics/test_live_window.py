@@ -16,7 +16,9 @@ from pyspark.sql import SparkSession
 
 from adapter.analytics import names
 from adapter.analytics.aggregates import MINUTE_MS
+from adapter.analytics.increments import OPEN_SCHEMAS, PARTIAL_LIMIT, TALKERS, increment
 from adapter.analytics.job import run_analysis
+from adapter.analytics.spark_schema import MESSAGES_SCHEMA, RECEIPTS_SCHEMA
 from adapter.analytics.window import WRITTEN
 from adapter.ops.live_state import LiveState
 from tests.analytics.conftest import SPEC, AnalysedExport
@@ -127,3 +129,24 @@ def test_an_unreadable_export_file_fails_one_cycle_not_every_one(
     assert not broken.exists() and broken.with_name(broken.name + ".unreadable").exists()
     assert live.advance(lambda: spark, since) > 0
     assert live.merge(tmp_path / "out", since, SPEC.top_n)["rows_read"]["messages"] > 0
+
+
+def test_addresses_a_runtime_forges_cannot_fill_the_window(spark: SparkSession) -> None:
+    """Refused requests carry whatever `from` the runtime wrote: a cycle keeps only its
+    heaviest senders by address, and the messages still count."""
+    forged = PARTIAL_LIMIT * 3
+    fields = MESSAGES_SCHEMA.fieldNames()
+    base = dict.fromkeys(fields)
+    base.update(kind="rejected_request", from_scheme="hyperty", runtime="rt-hostile", ts=60_000)
+    rows = [{**base, "from": f"hyperty://x/{i}", "msg_id": str(i)} for i in range(forged)]
+    rows += [
+        {**base, "kind": "routed", "from": "hyperty://x/busy", "msg_id": f"b{i}"} for i in range(50)
+    ]
+    messages = spark.createDataFrame([tuple(r[f] for f in fields) for r in rows], MESSAGES_SCHEMA)
+    opened = {t: spark.createDataFrame([], schema) for t, schema in OPEN_SCHEMAS.items()}
+    receipts = spark.createDataFrame([], RECEIPTS_SCHEMA)
+    talkers = increment(messages, receipts, opened, 0, 60_000)[TALKERS].collect()
+    hyperties = {r["sender_hyperty"] for r in talkers}
+    assert len(hyperties - {None}) == PARTIAL_LIMIT
+    assert "hyperty://x/busy" in hyperties
+    assert sum(r["rows"] for r in talkers) == forged + 50
