@@ -371,6 +371,18 @@ def carrier_figures(
     return figures
 
 
+def cpu_per_message(cpu_pct: dict[str, float], delivered_per_s: float) -> dict[str, float]:
+    """CPU µs each process spent per message delivered in the window (a message goes in
+    through one stub connection and out through another: both ends count)."""
+    if delivered_per_s <= 0:
+        return {}
+    return {
+        name: round(pct / 100 * 1e6 / delivered_per_s, 1)
+        for name, pct in cpu_pct.items()
+        if not name.startswith("driver")
+    }
+
+
 async def run_cell(
     cell: Cell,
     name: str,
@@ -435,6 +447,7 @@ async def run_cell(
         for code, count in r["sender_responses"].items():
             sender_responses[code] = sender_responses.get(code, 0) + count
     extra = {} if companion_result is None else {"companion": companion_result}
+    delivered_per_s = sum(r["arrived_in_window"] for r in runs) / window
     results.add(
         test or cell.label,
         target=name,
@@ -447,7 +460,7 @@ async def run_cell(
         setup_limit_s=cell.setup_limit,
         offered_per_s=cell.offered,
         sent_per_s=measured / window,
-        delivered_per_s=sum(r["arrived_in_window"] for r in runs) / window,
+        delivered_per_s=delivered_per_s,
         measured=measured,
         lost=lost,
         out_of_order=sum(r["out_of_order"] for r in runs),
@@ -465,6 +478,7 @@ async def run_cell(
         setup_cpu_pct={k: round(v, 1) for k, v in setup_cpu.pct.items()},
         setup_listen_overflows=setup_overflows,
         cpu_pct={k: round(v, 1) for k, v in cpu.pct.items()},
+        cpu_us_per_msg=cpu_per_message(cpu.pct, delivered_per_s),
         drivers=cell.driver_count,
         driver_lag_p99_ms=lag_p99,
         driver_saturated=saturated,
@@ -705,6 +719,12 @@ def _setup_text(row: dict[str, Any]) -> str:
     )
 
 
+def _per_message_text(per_message: dict[str, float]) -> str:
+    if "node" not in per_message:
+        return ""
+    return f"; µs/msg {per_message['node']:.0f} / {per_message.get('synapse', 0):.0f}"
+
+
 def cell_text(row: dict[str, Any]) -> list[str]:
     cpu = row["cpu_pct"]
     drivers = "+".join(f"{v:.0f}" for k, v in cpu.items() if k.startswith("driver"))
@@ -721,6 +741,7 @@ def cell_text(row: dict[str, Any]) -> list[str]:
         loss,
         _setup_text(row),
         f"{cpu.get('node', 0):.0f} / {cpu.get('synapse', 0):.0f} / {drivers}"
+        + _per_message_text(row.get("cpu_us_per_msg") or {})
         + (" SATURATED" if row["driver_saturated"] else "")
         + (f" (late: lag p99 {row['driver_lag_p99_ms']:.0f} ms)" if row.get("driver_late") else ""),
     ]
@@ -744,7 +765,7 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
         "p50 / p99 / max",
         "loss",
         "set-up: all first msgs delivered",
-        "CPU node / synapse / driver",
+        "CPU node / synapse / driver; CPU µs per message node / synapse",
     ):
         table.add_column(col)
     for r in crowd:

@@ -742,22 +742,19 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
                 ),
             )
         console.print(usage)
-    crowds = [r for r in fed if r["test"].startswith("fed_crowd_") and r.get("cpu_pct")]
+    crowds = [r for r in fed if r["test"].startswith("fed_crowd_") and r.get("cpu_us_per_msg")]
     if crowds:
-        names = list(dict.fromkeys(k for r in crowds for k in r["cpu_pct"]))
+        names = list(dict.fromkeys(k for r in crowds for k in r["cpu_us_per_msg"]))
         usage = Table(title="crowds: CPU µs per message delivered (% of one core)")
         for col in ("test", "target", *names):
             usage.add_column(col, justify="left" if col in ("test", "target") else "right")
         for r in crowds:
-            seconds = r.get("window_s") or r.get("elapsed_s") or 0.0
-            delivered = max(1, r["measured"] - r["lost"])
             usage.add_row(
                 r["test"],
                 r["target"],
                 *(
-                    f"{r['cpu_pct'][k] / 100 * seconds / delivered * 1e6:,.0f} "
-                    f"({r['cpu_pct'][k]:.0f} %)"
-                    if k in r["cpu_pct"]
+                    f"{r['cpu_us_per_msg'][k]:,.0f} ({r['cpu_pct'][k]:.0f} %)"
+                    if k in r["cpu_us_per_msg"]
                     else ""
                     for k in names
                 ),

@@ -60,6 +60,7 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
         assert crowd["p99_ms"] is not None and crowd["setup_missing"] == 0, crowd
         assert crowd["duplicates"] == 0 and not crowd["sender_errors"], crowd
         assert {"node", "synapse", "driver0"} <= set(crowd["cpu_pct"]), crowd
+        assert crowd["cpu_us_per_msg"]["node"] > 0 and crowd["cpu_us_per_msg"]["synapse"] > 0
     # Between domains: each figure across (node A -> federation -> node B) and inside domain A,
     # the bare pipeline across and within beside them, every message and update delivered.
     for test in ("fed_latency", "fed_msg_1000_1000", "fed_pub_10000_20"):
@@ -73,6 +74,7 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
         assert crowd["measured"] == crowd["senders"] * crowd["rate"] * crowd["window_s"], crowd
         assert crowd["lost"] == 0 and crowd["duplicates"] == 0, crowd
         assert {"node_a", "synapse_a", "node_b", "synapse_b"} <= set(crowd["cpu_pct"]), crowd
+        assert set(crowd["cpu_us_per_msg"]) == {"node_a", "synapse_a", "node_b", "synapse_b"}
     loss = next(c for c in report["checks"] if c["check"].startswith("federation: zero loss"))
     assert loss["met"] is True, loss
     # A hostile runtime beside a crowd: both arms ran, every attack was tried and got nothing.
