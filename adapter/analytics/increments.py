@@ -16,7 +16,7 @@ Open rows older than the window are dropped (their pair no longer counts), and s
 unanswered after REQUEST_HORIZON_MS: many messages (every `update` a hyperty publishes) are
 never answered, and keeping each for the whole window would make every cycle carry an hour of
 them. An answer later than that is not paired here (the batch job still pairs it): the live
-view shows it as an unanswered request instead, which is what it was for its requester.
+view counts its request as unanswered.
 
 Definitions are the batch job's (aggregates.py), with two differences that only duplicates
 across cycles can show: a receipt written again in a later cycle than the first is not counted

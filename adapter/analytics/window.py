@@ -14,6 +14,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Final
 
@@ -120,13 +121,10 @@ def _traffic(traffic: Rows) -> dict[str, Rows]:
     messages = _sum_by(traffic, lambda r: (r["minute"], r["type"]), "rows")
     responses = [r for r in traffic if r["type"] == "response"]
     coded = [r for r in responses if r["response_code"] is not None]
+    failed = [r for r in coded if r["response_code"] >= 400]
     per_minute = _sum_by(coded, lambda r: r["minute"], "rows")
-    errors = _sum_by([r for r in coded if r["response_code"] >= 400], lambda r: r["minute"], "rows")
-    errors_by_code = _sum_by(
-        [r for r in coded if r["response_code"] >= 400],
-        lambda r: (r["minute"], r["response_code"]),
-        "rows",
-    )
+    errors = _sum_by(failed, lambda r: r["minute"], "rows")
+    errors_by_code = _sum_by(failed, lambda r: (r["minute"], r["response_code"]), "rows")
     return {
         names.MESSAGES_PER_MINUTE: [
             {"minute": m, "type": t, "messages": n} for (m, t), n in messages.items()
@@ -152,9 +150,9 @@ def _talkers(talkers: Rows, top_n: int) -> dict[str, Rows]:
     messages, volume = _sum_by(domains, route, "rows"), _sum_by(domains, route, "bytes")
     ranked: Rows = []
     for talker, column in (("runtime", "sender_runtime"), ("hyperty", "sender_hyperty")):
-        sent = [{**r, "address": r[column]} for r in talkers if r[column] is not None]
-        counts = _sum_by(sent, lambda r: r["address"], "rows")
-        sizes = _sum_by(sent, lambda r: r["address"], "bytes")
+        sent = [r for r in talkers if r[column] is not None]
+        counts = _sum_by(sent, itemgetter(column), "rows")
+        sizes = _sum_by(sent, itemgetter(column), "bytes")
         order = sorted(counts, key=lambda a: (-counts[a], a))[:top_n]
         ranked += [
             {"talker": talker, "rank": i, "address": a, "messages": counts[a], "bytes": sizes[a]}

@@ -111,14 +111,14 @@ class Refresher:
         since_ms -= since_ms % MINUTE_MS
         pruned = prune_export(layout.export_dir, since_ms)
         live = LiveState(layout.live_dir, layout.export_dir)
-        analysed_s = time.time()
+        increment_started = time.time()
         try:
             # Spark (and its JVM) only once there is something new to read.
             rows = live.advance(self._spark_session, since_ms)
         except Exception:
             self.close()  # a fresh Spark session next cycle, in case this one broke
             raise
-        analysed_s = time.time() - analysed_s
+        increment_s = time.time() - increment_started
         self._cycle += 1
         target = layout.new_cycle_dir(self._cycle)
         summary = live.merge(target, since_ms, DEFAULT_TOP_N)
@@ -132,7 +132,7 @@ class Refresher:
             "exported_events": exported.events,
             "pruned_files": pruned,
             "rows_added": rows,
-            "increment_seconds": round(analysed_s, 3),
+            "increment_seconds": round(increment_s, 3),
             "rows_in_window": summary.get("rows_read"),
             "window_minutes": self._settings.window_minutes,
         }
