@@ -3,8 +3,8 @@
 Polls the node's `/dashboard/data.json` (loopback: no token) once a second from the start of the
 crowd's warm-up to the end of its window. The figures' age at a poll is the poll's time minus
 the newest message they include (`time_range.ts_max`): what an operator looking then would miss.
-Reported: when the crowd's traffic first showed, the age at every poll after that (p50 and max),
-and the worker's cycles as its status reported them.
+Reported: when the crowd's traffic first showed (and with its send -> delivery latency), the age
+at every poll after that (p50 and max), and the worker's cycles as its status reported them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ async def watch(
     """A crowd companion (bench/crowd.py's `Companion`, with `data_url` bound)."""
     ages: list[float] = []
     first_shown: float | None = None
+    latency_shown: float | None = None  # the crowd's traffic, with its delivery latency
     cycles: dict[int, dict[str, Any]] = {}
     failures = 0
     end = start_at + seconds
@@ -46,8 +47,11 @@ async def watch(
                 failures += 1
             else:
                 newest = (data.get("time_range") or {}).get("ts_max")
+                latency = data.get("latency_ms") or {}
                 if newest is not None and newest >= start_at * 1000:
                     first_shown = first_shown or polled
+                    if latency.get("p50") is not None and latency.get("p99") is not None:
+                        latency_shown = latency_shown or polled
                 if first_shown is not None and newest is not None:
                     ages.append(polled - newest / 1000)
                 status = data.get("worker") or {}
@@ -57,9 +61,13 @@ async def watch(
                         for k in ("cycle_seconds", "increment_seconds", "rows_added", "state")
                     }
             await asyncio.sleep(max(0.0, polled + POLL_SECONDS - time.time()))
-    shown = None if first_shown is None else round(first_shown - start_at, 1)
+
+    def since_start(moment: float | None) -> float | None:
+        return None if moment is None else round(moment - start_at, 1)
+
     return {
-        "dashboard_first_shown_s": shown,
+        "dashboard_first_shown_s": since_start(first_shown),
+        "dashboard_latency_shown_s": since_start(latency_shown),
         "dashboard_age_p50_s": _pct(ages, 50),
         "dashboard_age_max_s": _pct(ages, 100),
         "dashboard_polls": len(ages),
