@@ -13,6 +13,8 @@ read, for the export.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,6 +42,11 @@ MAX_NUMBER = 2**53 - 1
 # A PDU must stay under 65,536 bytes; the homeserver adds the envelope (ids, hashes, signature,
 # auth and prev events: ~1.5 kB). Content up to this size always fits.
 INLINE_LIMIT = 60_000
+# A batch too big for inline JSON is first tried packed (its media frames, deflated, in base64)
+# when its frames are at most this big: beyond, it would not fit once packed either.
+PACK_LIMIT = 4 * INLINE_LIMIT
+# The most a packed batch may unpack to: what a peer's event may make this node allocate.
+UNPACKED_LIMIT = 16 * 1024 * 1024
 
 T_contra = TypeVar("T_contra", contravariant=True)
 
@@ -82,6 +89,12 @@ class Encoded:
     blob: bytes | None
     _prefix: bytes
     _encoding: str
+    packed: bool = False  # inline, as deflated media frames
+
+    @property
+    def kind(self) -> str:
+        """How the batch travels: inline, packed or media (a metric label)."""
+        return "media" if self.inline is None else "packed" if self.packed else "inline"
 
     def media_content(self, uri: str) -> bytes:
         assert self.blob is not None
@@ -157,6 +170,14 @@ class LaneEncoder:
             sender_table,
             frame([(index[i.routed.sender], i.routed) for i in items]),
         )
+        if len(blob) <= PACK_LIMIT:
+            # Deflated, most batches of a few hundred messages still fit an event: that spares
+            # the upload and, across domains, the far homeserver's fetch of the media from
+            # this one (a request over federation per event).
+            packed = base64.b64encode(zlib.compress(blob, 1))
+            inline = b"".join((prefix, b',"packed":"', packed, b'"}'))
+            if len(inline) <= INLINE_LIMIT:
+                return Encoded(inline, None, prefix, FRAMES, packed=True)
         return Encoded(None, blob, prefix, FRAMES)
 
 
@@ -289,13 +310,30 @@ async def decode_batch(content: Any, fetch: MediaFetcher) -> list[Routed]:
             sender, oseq, to, text = item
             found.append(Routed(text, _to(to), _sender(senders, sender), _oseq(oseq)))
         return found
-    encoding, blob = await _media(content, fetch)
-    if encoding != FRAMES:
-        raise CarrierError(f"unknown media encoding {encoding!r}")
+    packed = content.get("packed")
+    if isinstance(packed, str):
+        blob = _unpack(packed)
+    else:
+        encoding, blob = await _media(content, fetch)
+        if encoding != FRAMES:
+            raise CarrierError(f"unknown media encoding {encoding!r}")
     senders, frames = _sender_table(blob)
     for (sender, oseq), to, text in _unframe(frames, 4):
         found.append(Routed(text, _to(to), _sender(senders, sender), _oseq(oseq)))
     return found
+
+
+def _unpack(packed: str) -> bytes:
+    """A packed batch's media frames; at most ``UNPACKED_LIMIT`` bytes of them (a peer could
+    otherwise send a few kB that unpack to gigabytes)."""
+    try:
+        inflater = zlib.decompressobj()
+        blob = inflater.decompress(base64.b64decode(packed, validate=True), UNPACKED_LIMIT)
+    except (binascii.Error, ValueError, zlib.error) as exc:
+        raise CarrierError(f"packed batch is damaged: {exc}") from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise CarrierError("packed batch is truncated or unpacks beyond the limit")
+    return blob
 
 
 def _sender_table(blob: bytes) -> tuple[list[Sender], bytes]:
@@ -351,4 +389,6 @@ def _json_array(blob: bytes) -> list[Any]:
 
 
 def media_kind(content: Any) -> str:
-    return "media" if isinstance(content, dict) and "media" in content else "inline"
+    if isinstance(content, dict) and "media" in content:
+        return "media"
+    return "packed" if isinstance(content, dict) and "packed" in content else "inline"

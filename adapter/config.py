@@ -194,8 +194,9 @@ class FederationConfig(_Strict):
     peers: dict[str, PeerConfig] = {}
     # How long finding a peer's homeserver (its .well-known) may take before 504.
     discovery_timeout_seconds: float = Field(default=5.0, gt=0)
-    # Flow control toward each peer (adapter/routing/flow.py): at most this many events its
-    # node has not yet confirmed are in flight; what waits meanwhile leaves in one event.
+    # Flow control toward each peer (adapter/routing/flow.py): while its node confirms too
+    # slowly to keep up, at most this many events it has not yet confirmed are in flight; what
+    # waits meanwhile leaves in one event.
     # 0 turns it off, and the node then sends peers no confirmations either. Needs
     # `receive_ephemeral: true` in the registration (generated so).
     flow_window_events: int = Field(default=2, ge=0)

@@ -232,6 +232,13 @@ class NodeMetrics:
             registry=registry,
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10),
         )
+        self.peer_behind = Gauge(
+            "rethink_mn_peer_behind",
+            "1 while a peer domain's node confirms too slowly to keep up and flow control holds "
+            "what is sent to it to a window of events; 0 while it keeps up.",
+            ["peer"],
+            registry=registry,
+        )
         self.peer_unconfirmed = Gauge(
             "rethink_mn_peer_unconfirmed_events",
             "Events sent to a peer domain that its node has not yet confirmed handling.",

@@ -336,6 +336,11 @@ async def node_counters(metrics_url: str | None) -> dict[str, float]:
                 "rethink_mn_peer_confirm_seconds_count",
             ):
                 found["confirm_" + sample.name.rsplit("_", 1)[-1]] = sample.value
+            elif sample.name == "rethink_mn_peer_confirm_seconds_bucket" and labels.get("le") in (
+                "0.5",
+                "1.0",
+            ):
+                found[f"confirm_within_{labels['le']}"] = sample.value
             elif sample.name == "rethink_mn_peer_paced_total":
                 key = f"paced_{labels.get('outcome')}"
                 found[key] = found.get(key, 0.0) + sample.value
@@ -353,10 +358,11 @@ def carrier_figures(
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    events = delta("events_inline") + delta("events_media")
+    events = delta("events_inline") + delta("events_packed") + delta("events_media")
     sends = delta("count")
     figures: dict[str, Any] = {
         "events_per_s": round(events / window, 1),
+        "packed_events_per_s": round(delta("events_packed") / window, 1),
         "media_events_per_s": round(delta("events_media") / window, 1),
         "messages_per_event": round(delta("routed") / events, 1) if events else None,
         "send_ms_mean": round(1000 * delta("sum") / sends, 1) if sends else None,
@@ -364,6 +370,9 @@ def carrier_figures(
     if confirmed := delta("confirm_count"):
         # Toward a peer domain: its node's confirmations, and how often the next event waited.
         figures["peer_confirm_ms_mean"] = round(1000 * delta("confirm_sum") / confirmed, 1)
+        figures["peer_confirms_over_s"] = {
+            limit: int(confirmed - delta(f"confirm_within_{limit}")) for limit in ("0.5", "1.0")
+        }
         figures["peer_paced_per_s"] = {
             outcome: round(delta(f"paced_{outcome}") / window, 1)
             for outcome in ("confirmed", "max_hold")

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bare import BarePipeline
-from crowd import Cell, run_cell, tree_cpu_seconds
+from crowd import Cell, carrier_figures, node_counters, run_cell, tree_cpu_seconds
 from databases import fresh_database
 
 from adapter.localstack.federation import federating, server_name_for, start_homeservers
@@ -364,7 +364,9 @@ async def _scenarios(
         warm = {"scenario": "latency", "count": 10, "rate": 20.0, "tag": f"fw-{target}-{tag}"}
         await attempt("fed_warm_up", target, warm)
     # Light-load latency first, while both homeservers are fresh.
+    metrics = a.health_url.replace("/health", "/metrics")
     for target in ("intra", "cross"):
+        counters = await node_counters(metrics)
         cpu = CpuUse(a, b)
         cpu.start()
         r = await attempt(
@@ -379,9 +381,12 @@ async def _scenarios(
             },
         )
         cpu.stop()
+        # Node A's events, and how often flow control held one (it should not at light load).
+        carrier = carrier_figures(counters, await node_counters(metrics), cpu.elapsed)
         if r is not None:
             results.add(
                 "fed_latency",
+                carrier=carrier,
                 target=target,
                 p50_ms=r["p50_ms"],
                 p99_ms=r["p99_ms"],

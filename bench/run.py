@@ -6,6 +6,7 @@
     .venv/bin/python bench/run.py --database postgresql   # the node on PostgreSQL
     .venv/bin/python bench/run.py --only federation   # two domains (bench/domains.py)
     .venv/bin/python bench/run.py --only federation-crowd   # only its crowds across domains
+    .venv/bin/python bench/run.py --only federation-crowd --crowd 1000,1,20   # one of them
 
 It starts its own Synapse (SQLite, loopback) and, as separate processes, the node and the
 ceiling baseline (bench/relay.py: the node's code with Matrix taken out). Load comes from
@@ -726,7 +727,12 @@ async def main(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     if args.only:
         plan = dataclasses.replace(plan, only=frozenset(args.only.split(",")))
-    if args.crowd:
+    if args.crowd and plan.runs("federation-crowd") and args.only:
+        # One crowd across domains (and within A, beside it), without the bare one.
+        cell = dataclasses.replace(args.crowd, size=domains.FULL.crowd[0].size)
+        federation = dataclasses.replace(plan.federation, crowd=(cell,), bare_crowd=False)
+        plan = dataclasses.replace(plan, federation=federation)
+    elif args.crowd:
         only = plan.only if args.only else frozenset()
         plan = dataclasses.replace(plan, crowd_cells=(args.crowd,), only=only | {"crowd"})
     await asyncio.to_thread(ensure_driver_installed)

@@ -1,19 +1,32 @@
-"""Flow control toward one peer domain: the far side sets the pace.
+"""Flow control toward one peer domain: the far side sets the pace, when it is behind.
 
 Taking a federated event costs the receiving homeserver far more than persisting one costs the
 sending one (tens of milliseconds of CPU each on a small machine). A sender that makes one event
 per message while its own homeserver answers quickly therefore outruns a busy far side: the far
-homeserver's queue grows and latency runs away. So a peer link keeps at most ``window`` events
-in flight that the peer's node has not yet confirmed; while the window is full, what the link's
-runtimes send waits and leaves together, in one event, when the next confirmation comes. A lone
-message at light load finds the window open and leaves at once.
+homeserver's queue grows and latency runs away. The peer's node confirms the events it has
+handled (a read receipt, ``m.read``, on the last one; peer_feed.py sends it), and this link
+compares how long confirmations take with the least they took lately (the path itself):
 
-The confirmation is the peer node's read receipt (``m.read``) on the last event of this node's
-room it has handled (peer_feed.py sends it). Receipts reach this node as ephemeral events of
-the homeserver's push (the registration's ``receive_ephemeral``). Nothing depends on them:
+- **keeping up** (the round trip near that floor): every event leaves at once. A lone message
+  at light load is never held, and the peer confirms at most every ``CONFIRM_EVERY`` seconds,
+  so at light load confirmations cost its homeserver a fraction of an event each;
+- **behind** (the smoothed round trip above ``BEHIND`` times the floor, or the oldest event in
+  flight unconfirmed for longer than that allows): at most ``window`` events are in flight that
+  the peer has not confirmed. While the window is full, what the link's runtimes send waits and
+  leaves together, in one event, when the next confirmation comes, and each event asks the peer
+  to confirm at once (``confirm_now`` in its content). The link is back to keeping up once the
+  round trip falls under ``CAUGHT_UP`` times the floor.
+
+The floor is the least round trip seen while keeping up, over the last ``FLOOR_SPAN`` seconds;
+round trips measured while behind say how long the queue is, not how long the path is, and are
+left out of it (they would raise it step by step under a long overload). A link that stays
+behind longer than the span forgets its floor and measures it afresh.
+
+Receipts reach this node as ephemeral events of the homeserver's push (the registration's
+``receive_ephemeral``). Nothing depends on them:
 
 - a peer that has never confirmed anything (an older node, a registration without
-  ``receive_ephemeral``) is not paced at all, as before flow control;
+  ``receive_ephemeral``) is not paced at all;
 - a full window is held at most ``max_hold`` seconds: a peer node that stopped confirming (it
   is down, its homeserver or the link is away) still gets one event per ``max_hold``, carrying
   everything that waited, so nothing here waits for a peer for ever and the events are in the
@@ -24,25 +37,85 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from ..observability import NodeMetrics
 
 # Events sent and not yet confirmed that are remembered (their ids, to place a receipt).
 _REMEMBERED = 4096
 
+# The content field of an event to a peer that asks its node to confirm at once.
+CONFIRM_NOW = "confirm_now"
+# While its sender keeps up, a peer's node confirms at most this often (peer_feed.py): at 20
+# messages a second, one receipt in four events instead of one per event.
+CONFIRM_EVERY = 0.2
+# The round trip, as a multiple of the floor, above which the peer is behind, and under which
+# it has caught up again (apart, so that the link does not flap on every sample).
+BEHIND = 2.0
+CAUGHT_UP = 1.5
+# How long the floor remembers a round trip, in buckets of this many seconds.
+FLOOR_SPAN = 300.0
+FLOOR_BUCKET = 60.0
+# The weight of a new round trip in the smoothed one (as TCP's srtt).
+_SMOOTHING = 0.25
+
+
+class RoundTrips:
+    """Confirmation round trips of one link: the floor (the least lately, sampled only while the
+    peer keeps up) and a smoothed current value."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: deque[tuple[float, float]] = deque()  # (bucket start, least in it)
+        self.smoothed: float | None = None
+
+    def observe(self, seconds: float, keeping_up: bool) -> None:
+        self.smoothed = (
+            seconds
+            if self.smoothed is None
+            else self.smoothed + _SMOOTHING * (seconds - self.smoothed)
+        )
+        if not keeping_up:
+            return
+        now = self._clock()
+        if self._buckets and now - self._buckets[-1][0] < FLOOR_BUCKET:
+            start, least = self._buckets[-1]
+            self._buckets[-1] = (start, min(least, seconds))
+        else:
+            self._buckets.append((now, seconds))
+
+    @property
+    def floor(self) -> float | None:
+        """The least round trip of the last ``FLOOR_SPAN`` seconds (None: none measured)."""
+        horizon = self._clock() - FLOOR_SPAN
+        while self._buckets and self._buckets[0][0] < horizon:
+            self._buckets.popleft()
+        return min((least for _start, least in self._buckets), default=None)
+
 
 class PeerPace:
-    def __init__(self, domain: str, window: int, max_hold: float, metrics: NodeMetrics) -> None:
+    def __init__(
+        self,
+        domain: str,
+        window: int,
+        max_hold: float,
+        metrics: NodeMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._window = window
         self._max_hold = max_hold
+        self._clock = clock
         self._gauge = metrics.peer_unconfirmed.labels(domain)
+        self._behind_gauge = metrics.peer_behind.labels(domain)
         self._held_until_confirmed = metrics.peer_paced.labels(domain, "confirmed")
         self._held_until_max = metrics.peer_paced.labels(domain, "max_hold")
         self._round_trip = metrics.peer_confirm_seconds
+        self._round_trips = RoundTrips(clock)
         self._sent = 0  # the number of the last event the homeserver persisted
         self._confirmed = 0  # the number of the last event the peer's node handled
         self._confirming = False  # whether the peer's node has ever confirmed anything
+        self._behind = False
         # event id -> its number and when it was persisted
         self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._progress = asyncio.Event()
@@ -58,6 +131,11 @@ class PeerPace:
         return self._confirming
 
     @property
+    def behind(self) -> bool:
+        """Whether the window applies: the peer's confirmations lag behind what is sent."""
+        return self._behind
+
+    @property
     def in_flight(self) -> int:
         """Events persisted here that the peer's node has not confirmed."""
         return self._sent - self._confirmed
@@ -66,11 +144,16 @@ class PeerPace:
         """The room's numbering goes on from ``n`` (after a restart): nothing is in flight."""
         self._sent = self._confirmed = n
 
+    def confirm_now(self) -> bool:
+        """Whether the next event asks the peer to confirm it at once: while behind (the window
+        waits on it), and until the peer has confirmed anything."""
+        return bool(self._window) and (self._behind or not self._confirming)
+
     def sent(self, n: int, event_id: str) -> None:
         self._sent = n
         self._gauge.set(self.in_flight)
         if self._window:
-            self._unconfirmed[event_id] = (n, time.monotonic())
+            self._unconfirmed[event_id] = (n, self._clock())
             while len(self._unconfirmed) > _REMEMBERED:
                 self._unconfirmed.popitem(last=False)
 
@@ -81,25 +164,59 @@ class PeerPace:
         if found is None:
             return False
         n, persisted = found
-        self._round_trip.observe(time.monotonic() - persisted)
+        seconds = self._clock() - persisted
+        self._round_trip.observe(seconds)
+        self._round_trips.observe(seconds, keeping_up=not self._behind)
         while self._unconfirmed:
             _first, (first_n, _at) = next(iter(self._unconfirmed.items()))
             if first_n > n:
                 break
             self._unconfirmed.popitem(last=False)
         self._confirming = True
+        self._judge()
         if n > self._confirmed:
             self._confirmed = n
             self._gauge.set(self.in_flight)
             self._progress.set()
         return True
 
+    def _judge(self) -> None:
+        """Decide from the round trips whether the peer is behind (the window applies)."""
+        floor, smoothed = self._round_trips.floor, self._round_trips.smoothed
+        if floor is None:
+            # Behind for longer than the floor is remembered: measure it afresh.
+            self._set_behind(False)
+        elif smoothed is not None and smoothed > BEHIND * floor:
+            self._set_behind(True)
+        elif smoothed is not None and smoothed < CAUGHT_UP * floor:
+            self._set_behind(False)
+        if not self._behind and self._unconfirmed:
+            # No confirmation for too long says the same, before any round trip can.
+            _first, (_n, persisted) = next(iter(self._unconfirmed.items()))
+            if self._clock() - persisted > self._patience(floor):
+                self._set_behind(True)
+
+    def _patience(self, floor: float | None) -> float:
+        """How long an event may wait for its confirmation while the peer keeps up."""
+        if floor is None:
+            return self._max_hold
+        return min(self._max_hold, BEHIND * floor + CONFIRM_EVERY)
+
+    def _set_behind(self, behind: bool) -> None:
+        if behind != self._behind:
+            self._behind = behind
+            self._behind_gauge.set(int(behind))
+
     async def pace(self) -> None:
-        """Return when the next event may leave: at once while the window has room."""
-        if not self._window or not self._confirming or self.in_flight < self._window:
+        """Return when the next event may leave: at once while the peer keeps up or the window
+        has room."""
+        if not self._window or not self._confirming:
+            return
+        self._judge()
+        if not self._behind or self.in_flight < self._window:
             return
         deadline = asyncio.get_running_loop().time() + self._max_hold
-        while self.in_flight >= self._window:
+        while self._behind and self.in_flight >= self._window:
             self._progress.clear()
             try:
                 async with asyncio.timeout_at(deadline):

@@ -219,8 +219,9 @@ async def test_a_far_side_that_falls_behind_gets_fewer_larger_events_and_everyth
     domains: Domains, federation: Federation
 ) -> None:
     """Flow control across domains: B's node confirms what it has handled (read receipts); when
-    it stops (its homeserver frozen, as a far side far behind), A keeps at most WINDOW events
-    unconfirmed and then one event per MAX_HOLD, carrying everything that waited. When B comes
+    it stops (its homeserver frozen, as a far side far behind), A counts it as behind once the
+    oldest event in flight is overdue (within MAX_HOLD), then keeps at most WINDOW events
+    unconfirmed and sends one event per MAX_HOLD, carrying everything that waited. When B comes
     back, every message arrives, in order, once."""
     alice = await PyRuntime(domains.stub(domains.a), f"runtime://{A}/x-fast", acked=True).connect()
     bob = await PyRuntime(domains.stub(domains.b), f"runtime://{B}/x-slow", acked=True).connect()
@@ -254,8 +255,13 @@ async def test_a_far_side_that_falls_behind_gets_fewer_larger_events_and_everyth
         elapsed = time.monotonic() - started
         events = link.pace.last_sent - before
         # Without flow control each of these messages left in an event of its own (A's
-        # homeserver answers within milliseconds; they were sent 10 ms apart).
-        assert events <= WINDOW + elapsed / MAX_HOLD + 2, (events, elapsed)
+        # homeserver answers within milliseconds; they were sent 10 ms apart). With it, one
+        # event per message only until the silence is overdue (at most MAX_HOLD), then the
+        # window, then one event per MAX_HOLD.
+        overdue_within = MAX_HOLD / 0.01
+        assert events <= overdue_within + WINDOW + elapsed / MAX_HOLD + 2, (events, elapsed)
+        assert events < (total - 5) / 2, (events, elapsed)
+        assert link.pace.behind
         held = domains.a.metrics.peer_paced.labels(B, "max_hold")._value.get()
         assert held >= 1
 

@@ -3,7 +3,10 @@ with each message's sender and number."""
 
 from __future__ import annotations
 
+import base64
 import json
+import random
+import zlib
 
 import orjson
 import pytest
@@ -16,14 +19,19 @@ ALICE = Sender("k1.stubA", "runtime://x/alice", "@_rethink_a:hs")
 BOB = Sender("k2.n", "runtime://x/bob", "@_rethink_b:hs")
 
 
-def message(i: int, size: int = 10, sender: Sender = ALICE) -> Outgoing:
+def message(i: int, size: int = 10, sender: Sender = ALICE, noise: bool = False) -> Outgoing:
+    """A message with ``size`` characters of filler: repeated, or random (``noise``: what
+    deflate cannot shrink much)."""
+    filler = (
+        base64.b64encode(random.Random(i).randbytes(size)).decode()[:size] if noise else "x" * size
+    )
     text = json.dumps(
         {
             "id": i,
             "type": "update",
             "from": "a",
             "to": ["b", "c"],
-            "body": {"s": 'é"\\\n' + "x" * size, "f": 1.5e300, "big": 2**70},
+            "body": {"s": 'é"\\\n' + filler, "f": 1.5e300, "big": 2**70},
         }
     )
     return Outgoing(Routed(text, ("b", "c"), sender, i + 1), 1)
@@ -49,7 +57,7 @@ async def test_small_batches_travel_inline_with_exact_texts_and_senders() -> Non
 
 
 async def test_large_batches_go_to_media_framed_with_their_destinations() -> None:
-    items = [message(i, size=2000, sender=ALICE if i < 20 else BOB) for i in range(40)]
+    items = [message(i, size=2000, sender=ALICE if i < 20 else BOB, noise=True) for i in range(40)]
     encoded = LaneEncoder().encode({"n": 1}, items)
     assert encoded.inline is None and encoded.blob is not None
     content = orjson.loads(encoded.media_content("mxc://hs/abc"))
@@ -63,8 +71,38 @@ async def test_large_batches_go_to_media_framed_with_their_destinations() -> Non
     assert await carrier.decode_batch(content, fetch) == [i.routed for i in items]
 
 
+async def test_large_batches_that_deflate_enough_travel_packed_in_the_event() -> None:
+    items = [message(i, size=2000, sender=ALICE if i < 20 else BOB) for i in range(40)]
+    encoded = LaneEncoder().encode({"n": 1}, items)
+    assert encoded.inline is not None and encoded.packed and encoded.kind == "packed"
+    assert len(encoded.inline) <= carrier.INLINE_LIMIT
+    content = orjson.loads(encoded.inline)
+    assert "messages" not in content and "media" not in content
+    assert carrier.media_kind(content) == "packed"
+    assert await carrier.decode_batch(content, no_media) == [i.routed for i in items]
+
+
+def packed(blob: bytes) -> dict[str, object]:
+    return {"v": 2, "count": 1, "packed": base64.b64encode(zlib.compress(blob)).decode()}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        # A few kB that would unpack to more than the limit.
+        packed(b"2\n[]" + b" " * (carrier.UNPACKED_LIMIT + 1)),
+        {"v": 2, "count": 1, "packed": "not base64!"},
+        {"v": 2, "count": 1, "packed": base64.b64encode(zlib.compress(b"2\n[]")[:-3]).decode()},
+        packed(b"2\n[]5 1 5 7\n"),  # a frame that runs past the end
+    ],
+)
+async def test_a_damaged_or_oversized_packed_batch_is_refused(content: object) -> None:
+    with pytest.raises(CarrierError):
+        await carrier.decode_batch(content, no_media)
+
+
 async def test_damaged_media_is_refused() -> None:
-    items = [message(i, size=4000) for i in range(20)]
+    items = [message(i, size=4000, noise=True) for i in range(20)]
     encoded = LaneEncoder().encode({}, items)
     assert encoded.blob is not None
     content = orjson.loads(encoded.media_content("mxc://hs/x"))
@@ -133,7 +171,7 @@ async def test_a_batch_of_many_runtimes_keeps_its_sender_table_out_of_the_event(
         Sender(f"{i:016x}.stubX", f"runtime://x/{i:04d}", f"@_rethink_{i:032x}:hs")
         for i in range(700)
     ]
-    items = [message(i, size=60, sender=crowd[i]) for i in range(700)]
+    items = [message(i, size=60, sender=crowd[i], noise=True) for i in range(700)]
     encoded = LaneEncoder().encode({"n": 9}, items)
     assert encoded.blob is not None
     content = orjson.loads(encoded.media_content("mxc://hs/m"))

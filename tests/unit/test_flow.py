@@ -1,4 +1,5 @@
-"""Flow control toward a peer domain (adapter/routing/flow.py): when the next event may leave."""
+"""Flow control toward a peer domain (adapter/routing/flow.py): when the next event may leave,
+and when the peer counts as behind."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from adapter.observability import NodeMetrics
-from adapter.routing.flow import PeerPace
+from adapter.routing import flow
+from adapter.routing.flow import PeerPace, RoundTrips
 
 
-def pace(window: int = 2, max_hold: float = 5.0) -> tuple[PeerPace, CollectorRegistry]:
-    registry = CollectorRegistry()
-    return PeerPace("b.example", window, max_hold, NodeMetrics(registry)), registry
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pace(window: int = 2, max_hold: float = 5.0) -> tuple[PeerPace, Clock, CollectorRegistry]:
+    registry, clock = CollectorRegistry(), Clock()
+    p = PeerPace("b.example", window, max_hold, NodeMetrics(registry), clock=clock)
+    return p, clock, registry
 
 
 def paced(registry: CollectorRegistry, outcome: str) -> float:
@@ -20,6 +31,10 @@ def paced(registry: CollectorRegistry, outcome: str) -> float:
         "rethink_mn_peer_paced_total", {"peer": "b.example", "outcome": outcome}
     )
     return value or 0.0
+
+
+def behind_gauge(registry: CollectorRegistry) -> float | None:
+    return registry.get_sample_value("rethink_mn_peer_behind", {"peer": "b.example"})
 
 
 async def leaves_at_once(p: PeerPace) -> bool:
@@ -31,35 +46,142 @@ async def leaves_at_once(p: PeerPace) -> bool:
     return True
 
 
+def round_trip(p: PeerPace, clock: Clock, n: int, seconds: float) -> None:
+    """Event ``n`` leaves now and is confirmed ``seconds`` later."""
+    p.sent(n, f"$e{n}")
+    clock.now += seconds
+    assert p.confirmed(f"$e{n}")
+
+
+def fall_behind(p: PeerPace, clock: Clock, start: int) -> int:
+    """Confirmations slow down from 50 ms to 400 ms: the peer is behind. The next number."""
+    n = start
+    for _ in range(3):
+        round_trip(p, clock, n, 0.05)
+        n += 1
+    while not p.behind:
+        round_trip(p, clock, n, 0.4)
+        n += 1
+    return n
+
+
 async def test_a_peer_that_never_confirmed_is_not_paced() -> None:
     # An older node, or a registration without receive_ephemeral: flow control stays out of it.
-    p, _registry = pace()
+    p, _clock, _registry = pace()
     for n in range(1, 20):
         p.sent(n, f"$e{n}")
     assert p.in_flight == 19
     assert await leaves_at_once(p)
 
 
-async def test_a_full_window_holds_the_next_event_until_the_peer_confirms() -> None:
-    p, registry = pace(window=2)
-    p.sent(1, "$e1")
-    assert p.confirmed("$e1")  # the peer confirms: from now on it is paced
-    p.sent(2, "$e2")
+async def test_while_the_peer_keeps_up_a_full_window_does_not_hold_anything() -> None:
+    # Light load: events leave one after another faster than confirmations come back.
+    p, clock, registry = pace(window=2)
+    round_trip(p, clock, 1, 0.06)
+    for n in range(2, 6):
+        p.sent(n, f"$e{n}")
+        clock.now += 0.05
+        assert await leaves_at_once(p)
+    assert p.in_flight == 4 and not p.behind
+    assert p.confirmed("$e4")
+    assert paced(registry, "confirmed") == paced(registry, "max_hold") == 0
+    assert behind_gauge(registry) == 0
+
+
+async def test_slow_confirmations_put_the_window_in_force_until_the_peer_confirms() -> None:
+    p, clock, registry = pace(window=2)
+    n = fall_behind(p, clock, 1)
+    assert behind_gauge(registry) == 1
+    p.sent(n, f"$e{n}")
     assert await leaves_at_once(p)  # one in flight: room in the window
-    p.sent(3, "$e3")
+    p.sent(n + 1, f"$e{n + 1}")
     assert not await leaves_at_once(p)  # two in flight: the window is full
 
     waiting = asyncio.create_task(p.pace())
     await asyncio.sleep(0.02)
     assert not waiting.done()
-    assert p.confirmed("$e2")
+    clock.now += 0.4
+    assert p.confirmed(f"$e{n}")
     await asyncio.wait_for(waiting, 1)
     assert p.in_flight == 1
     assert paced(registry, "confirmed") == 1
 
 
+async def test_a_peer_whose_confirmations_are_fast_again_has_caught_up() -> None:
+    p, clock, registry = pace(window=1)
+    n = fall_behind(p, clock, 1)
+    while p.behind:
+        round_trip(p, clock, n, 0.05)
+        n += 1
+    p.sent(n, f"$e{n}")
+    p.sent(n + 1, f"$e{n + 1}")
+    assert await leaves_at_once(p)
+    assert behind_gauge(registry) == 0
+
+
+async def test_a_link_behind_for_longer_than_the_floor_is_remembered_measures_it_afresh() -> None:
+    p, clock, _registry = pace(window=1)
+    n = fall_behind(p, clock, 1)
+    for _ in range(10):
+        round_trip(p, clock, n, 0.4)  # measures the peer's queue: still behind
+        n += 1
+    assert p.behind
+    clock.now += flow.FLOOR_SPAN
+    round_trip(p, clock, n, 0.4)
+    # The path itself may have become slower: the floor is measured again, from this pace.
+    assert not p.behind
+    round_trip(p, clock, n + 1, 0.4)
+    assert not p.behind
+
+
+def test_the_floor_is_the_least_round_trip_of_the_last_span() -> None:
+    clock = Clock()
+    trips = RoundTrips(clock)
+    assert trips.floor is None
+    trips.observe(0.08, keeping_up=True)
+    trips.observe(0.05, keeping_up=True)
+    trips.observe(0.01, keeping_up=False)  # measured while behind: not the path
+    assert trips.floor == 0.05
+    clock.now += flow.FLOOR_BUCKET
+    trips.observe(0.07, keeping_up=True)
+    assert trips.floor == 0.05
+    clock.now += flow.FLOOR_SPAN
+    assert trips.floor == 0.07
+    clock.now += flow.FLOOR_BUCKET
+    assert trips.floor is None
+
+
+async def test_a_peer_that_stops_confirming_is_behind_and_still_gets_an_event_per_max_hold() -> (
+    None
+):
+    p, clock, registry = pace(window=1, max_hold=0.1)
+    round_trip(p, clock, 1, 0.05)
+    p.sent(2, "$e2")  # never confirmed: the peer's node went away
+    clock.now += 0.05
+    assert await leaves_at_once(p)  # not yet overdue: nothing says it is behind
+    # Overdue: twice the floor and the peer's confirmation interval have passed.
+    clock.now += 2 * 0.05 + flow.CONFIRM_EVERY
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(p.pace(), 2)
+    assert 0.09 <= loop.time() - started < 1.0
+    assert p.behind
+    assert paced(registry, "max_hold") == 1
+
+
+async def test_the_peer_is_asked_to_confirm_at_once_only_while_its_confirmations_matter() -> None:
+    p, clock, _registry = pace(window=2)
+    assert p.confirm_now()  # not confirming yet: every event asks, to start the measure
+    round_trip(p, clock, 1, 0.05)
+    assert not p.confirm_now()  # keeping up: the peer confirms at its own interval
+    fall_behind(p, clock, 2)
+    assert p.confirm_now()  # the window waits on every confirmation
+    off, _clock, _registry = pace(window=0)
+    assert not off.confirm_now()
+
+
 async def test_a_receipt_confirms_every_event_before_it_and_unknown_ones_are_ignored() -> None:
-    p, _registry = pace(window=3)
+    p, _clock, _registry = pace(window=3)
     for n in range(1, 6):
         p.sent(n, f"$e{n}")
     assert not p.confirmed("$not-ours")
@@ -71,20 +193,8 @@ async def test_a_receipt_confirms_every_event_before_it_and_unknown_ones_are_ign
     assert p.in_flight == 1
 
 
-async def test_a_peer_that_stops_confirming_still_gets_an_event_per_max_hold() -> None:
-    p, registry = pace(window=1, max_hold=0.1)
-    p.sent(1, "$e1")
-    p.confirmed("$e1")
-    p.sent(2, "$e2")  # never confirmed: the peer's node went away
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await asyncio.wait_for(p.pace(), 2)
-    assert 0.09 <= loop.time() - started < 1.0
-    assert paced(registry, "max_hold") == 1
-
-
 async def test_window_zero_turns_flow_control_off() -> None:
-    p, _registry = pace(window=0)
+    p, _clock, _registry = pace(window=0)
     p.sent(1, "$e1")
     assert not p.confirmed("$e1")  # nothing remembered
     p.sent(2, "$e2")
@@ -92,7 +202,7 @@ async def test_window_zero_turns_flow_control_off() -> None:
 
 
 async def test_after_a_restart_the_numbering_goes_on_with_nothing_in_flight() -> None:
-    p, _registry = pace(window=1)
+    p, _clock, _registry = pace(window=1)
     p.start_at(41)
     assert p.in_flight == 0
     p.sent(42, "$e42")
