@@ -199,7 +199,7 @@ class FederationConfig(_Strict):
     # waits meanwhile leaves in one event.
     # 0 turns it off, and the node then sends peers no confirmations either. Needs
     # `receive_ephemeral: true` in the registration (generated so).
-    flow_window_events: int = Field(default=2, ge=0)
+    flow_window_events: int = Field(default=4, ge=0)
     # The longest the next event waits for a confirmation (the peer's node may be away).
     flow_max_hold_seconds: float = Field(default=1.0, gt=0, le=60)
 

@@ -239,6 +239,14 @@ class NodeMetrics:
             ["peer"],
             registry=registry,
         )
+        self.peer_fell_behind = Counter(
+            "rethink_mn_peer_fell_behind_total",
+            "Times a peer domain's node was found behind (flow control's window came into "
+            "force), by what showed it: round_trip (confirmations slower than BEHIND times "
+            "their floor) or overdue (an event unconfirmed for too long).",
+            ["peer", "reason"],
+            registry=registry,
+        )
         self.peer_unconfirmed = Gauge(
             "rethink_mn_peer_unconfirmed_events",
             "Events sent to a peer domain that its node has not yet confirmed handling.",

@@ -341,6 +341,8 @@ async def node_counters(metrics_url: str | None) -> dict[str, float]:
                 "1.0",
             ):
                 found[f"confirm_within_{labels['le']}"] = sample.value
+            elif sample.name == "rethink_mn_peer_fell_behind_total":
+                found[f"behind_{labels.get('reason')}"] = sample.value
             elif sample.name == "rethink_mn_peer_paced_total":
                 key = f"paced_{labels.get('outcome')}"
                 found[key] = found.get(key, 0.0) + sample.value
@@ -372,6 +374,9 @@ def carrier_figures(
         figures["peer_confirm_ms_mean"] = round(1000 * delta("confirm_sum") / confirmed, 1)
         figures["peer_confirms_over_s"] = {
             limit: int(confirmed - delta(f"confirm_within_{limit}")) for limit in ("0.5", "1.0")
+        }
+        figures["peer_fell_behind"] = {
+            reason: int(delta(f"behind_{reason}")) for reason in ("round_trip", "overdue")
         }
         figures["peer_paced_per_s"] = {
             outcome: round(delta(f"paced_{outcome}") / window, 1)

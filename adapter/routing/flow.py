@@ -5,22 +5,25 @@ sending one (tens of milliseconds of CPU each on a small machine). A sender that
 per message while its own homeserver answers quickly therefore outruns a busy far side: the far
 homeserver's queue grows and latency runs away. The peer's node confirms the events it has
 handled (a read receipt, ``m.read``, on the last one; peer_feed.py sends it), and this link
-compares how long confirmations take with the least they took lately (the path itself):
+compares how long confirmations take with how long they took lately while it kept up (the
+path itself, its floor):
 
 - **keeping up** (the round trip near that floor): every event leaves at once. A lone message
   at light load is never held, and the peer confirms at most every ``CONFIRM_EVERY`` seconds,
   so at light load confirmations cost its homeserver a fraction of an event each;
-- **behind** (the smoothed round trip above ``BEHIND`` times the floor, or the oldest event in
-  flight unconfirmed for longer than that allows): at most ``window`` events are in flight that
+- **behind** (the smoothed round trip above ``BEHIND`` times the floor with the window full, or
+  the oldest event in flight unconfirmed for longer than that allows): at most ``window`` events
+  are in flight that
   the peer has not confirmed. While the window is full, what the link's runtimes send waits and
   leaves together, in one event, when the next confirmation comes, and each event asks the peer
   to confirm at once (``confirm_now`` in its content). The link is back to keeping up once the
-  round trip falls under ``CAUGHT_UP`` times the floor.
+  round trip falls under ``CAUGHT_UP`` times the floor while nothing is held.
 
-The floor is the least round trip seen while keeping up, over the last ``FLOOR_SPAN`` seconds;
-round trips measured while behind say how long the queue is, not how long the path is, and are
-left out of it (they would raise it step by step under a long overload). A link that stays
-behind longer than the span forgets its floor and measures it afresh.
+The floor is a low quantile of the round trips measured while keeping up, over the last
+``FLOOR_SPAN`` seconds; round trips measured while behind say how long the queue is, not how
+long the path is, and are left out of it (they would raise it step by step under a long
+overload). A link that stays behind longer than the span forgets its floor and measures it
+afresh.
 
 Receipts reach this node as ephemeral events of the homeserver's push (the registration's
 ``receive_ephemeral``). Nothing depends on them:
@@ -54,20 +57,25 @@ CONFIRM_EVERY = 0.2
 # it has caught up again (apart, so that the link does not flap on every sample).
 BEHIND = 2.0
 CAUGHT_UP = 1.5
-# How long the floor remembers a round trip, in buckets of this many seconds.
+# The floor: a low quantile (not the least: a round trip is timed from this node's homeserver
+# answering the send, which under load can come after federation already carried the event, so
+# the least is too low to judge by) of the round trips measured while keeping up, of the last
+# ``FLOOR_SPAN`` seconds and at most ``FLOOR_SAMPLES`` of them.
+FLOOR_QUANTILE = 0.25
 FLOOR_SPAN = 300.0
-FLOOR_BUCKET = 60.0
-# The weight of a new round trip in the smoothed one (as TCP's srtt).
-_SMOOTHING = 0.25
+FLOOR_SAMPLES = 256
+# The weight of a new round trip in the smoothed one (TCP's srtt gain): one slow round trip at
+# light load does not make the peer behind.
+_SMOOTHING = 0.125
 
 
 class RoundTrips:
-    """Confirmation round trips of one link: the floor (the least lately, sampled only while the
-    peer keeps up) and a smoothed current value."""
+    """Confirmation round trips of one link: the floor (sampled only while the peer keeps up)
+    and a smoothed current value."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._buckets: deque[tuple[float, float]] = deque()  # (bucket start, least in it)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=FLOOR_SAMPLES)  # (when, s)
         self.smoothed: float | None = None
 
     def observe(self, seconds: float, keeping_up: bool) -> None:
@@ -76,22 +84,20 @@ class RoundTrips:
             if self.smoothed is None
             else self.smoothed + _SMOOTHING * (seconds - self.smoothed)
         )
-        if not keeping_up:
-            return
-        now = self._clock()
-        if self._buckets and now - self._buckets[-1][0] < FLOOR_BUCKET:
-            start, least = self._buckets[-1]
-            self._buckets[-1] = (start, min(least, seconds))
-        else:
-            self._buckets.append((now, seconds))
+        if keeping_up:
+            self._samples.append((self._clock(), seconds))
 
     @property
     def floor(self) -> float | None:
-        """The least round trip of the last ``FLOOR_SPAN`` seconds (None: none measured)."""
+        """The ``FLOOR_QUANTILE`` of the round trips of the last ``FLOOR_SPAN`` seconds measured
+        while keeping up (None: none)."""
         horizon = self._clock() - FLOOR_SPAN
-        while self._buckets and self._buckets[0][0] < horizon:
-            self._buckets.popleft()
-        return min((least for _start, least in self._buckets), default=None)
+        while self._samples and self._samples[0][0] < horizon:
+            self._samples.popleft()
+        if not self._samples:
+            return None
+        ordered = sorted(seconds for _when, seconds in self._samples)
+        return ordered[int(FLOOR_QUANTILE * (len(ordered) - 1))]
 
 
 class PeerPace:
@@ -108,6 +114,10 @@ class PeerPace:
         self._clock = clock
         self._gauge = metrics.peer_unconfirmed.labels(domain)
         self._behind_gauge = metrics.peer_behind.labels(domain)
+        self._fell_behind = {
+            reason: metrics.peer_fell_behind.labels(domain, reason)
+            for reason in ("round_trip", "overdue")
+        }
         self._held_until_confirmed = metrics.peer_paced.labels(domain, "confirmed")
         self._held_until_max = metrics.peer_paced.labels(domain, "max_hold")
         self._round_trip = metrics.peer_confirm_seconds
@@ -116,6 +126,7 @@ class PeerPace:
         self._confirmed = 0  # the number of the last event the peer's node handled
         self._confirming = False  # whether the peer's node has ever confirmed anything
         self._behind = False
+        self._holding = False  # whether the next event waits for a confirmation now
         # event id -> its number and when it was persisted
         self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._progress = asyncio.Event()
@@ -185,43 +196,63 @@ class PeerPace:
         floor, smoothed = self._round_trips.floor, self._round_trips.smoothed
         if floor is None:
             # Behind for longer than the floor is remembered: measure it afresh.
-            self._set_behind(False)
+            self._keeping_up()
         elif smoothed is not None and smoothed > BEHIND * floor:
-            self._set_behind(True)
-        elif smoothed is not None and smoothed < CAUGHT_UP * floor:
-            self._set_behind(False)
+            # Slow round trips with fewer events in flight than the window allows: the window
+            # would hold nothing, so nothing changes (jitter at light load, mostly).
+            if self.in_flight >= self._window:
+                self._falling_behind("round_trip")
+        elif smoothed is not None and smoothed < CAUGHT_UP * floor and not self._holding:
+            # Only with nothing held: while the window holds what is sent, the round trip is
+            # short because the window works (a crowd), not because the peer has caught up.
+            self._keeping_up()
+        self._check_overdue()
+
+    def _check_overdue(self) -> None:
+        """No confirmation for too long says the peer is behind, before any round trip can."""
         if not self._behind and self._unconfirmed:
-            # No confirmation for too long says the same, before any round trip can.
             _first, (_n, persisted) = next(iter(self._unconfirmed.items()))
-            if self._clock() - persisted > self._patience(floor):
-                self._set_behind(True)
+            if self._clock() - persisted > self._patience(self._round_trips.floor):
+                self._falling_behind("overdue")
 
     def _patience(self, floor: float | None) -> float:
-        """How long an event may wait for its confirmation while the peer keeps up."""
+        """How long an event may wait for its confirmation while the peer keeps up: the peer
+        confirms only every ``CONFIRM_EVERY`` then, so an event may wait that long on top of
+        the round trip, and jitter comes on top of both."""
         if floor is None:
             return self._max_hold
-        return min(self._max_hold, BEHIND * floor + CONFIRM_EVERY)
+        return min(self._max_hold, BEHIND * (floor + CONFIRM_EVERY))
 
-    def _set_behind(self, behind: bool) -> None:
-        if behind != self._behind:
-            self._behind = behind
-            self._behind_gauge.set(int(behind))
+    def _falling_behind(self, reason: str) -> None:
+        if not self._behind:
+            self._behind = True
+            self._behind_gauge.set(1)
+            self._fell_behind[reason].inc()
+
+    def _keeping_up(self) -> None:
+        if self._behind:
+            self._behind = False
+            self._behind_gauge.set(0)
 
     async def pace(self) -> None:
         """Return when the next event may leave: at once while the peer keeps up or the window
         has room."""
         if not self._window or not self._confirming:
             return
-        self._judge()
+        self._check_overdue()
         if not self._behind or self.in_flight < self._window:
             return
         deadline = asyncio.get_running_loop().time() + self._max_hold
-        while self._behind and self.in_flight >= self._window:
-            self._progress.clear()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._progress.wait()
-            except TimeoutError:
-                self._held_until_max.inc()
-                return
-        self._held_until_confirmed.inc()
+        self._holding = True
+        try:
+            while self._behind and self.in_flight >= self._window:
+                self._progress.clear()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._progress.wait()
+                except TimeoutError:
+                    self._held_until_max.inc()
+                    return
+            self._held_until_confirmed.inc()
+        finally:
+            self._holding = False

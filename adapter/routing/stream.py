@@ -309,7 +309,8 @@ class BatchStream(Generic[T]):
     ) -> tuple[str, str]:
         event_type = self._encoder.event_type
         if encoded.inline is not None:
-            return "inline", await intent.send_event(room_id, event_type, encoded.inline, txn_id)
+            event_id = await intent.send_event(room_id, event_type, encoded.inline, txn_id)
+            return encoded.kind, event_id
         assert uploaded is not None
         content = encoded.media_content(uploaded)
         return "media", await intent.send_event(room_id, event_type, content, txn_id)

@@ -33,6 +33,13 @@ def paced(registry: CollectorRegistry, outcome: str) -> float:
     return value or 0.0
 
 
+def fell_behind(registry: CollectorRegistry, reason: str) -> float:
+    value = registry.get_sample_value(
+        "rethink_mn_peer_fell_behind_total", {"peer": "b.example", "reason": reason}
+    )
+    return value or 0.0
+
+
 def behind_gauge(registry: CollectorRegistry) -> float | None:
     return registry.get_sample_value("rethink_mn_peer_behind", {"peer": "b.example"})
 
@@ -53,16 +60,24 @@ def round_trip(p: PeerPace, clock: Clock, n: int, seconds: float) -> None:
     assert p.confirmed(f"$e{n}")
 
 
-def fall_behind(p: PeerPace, clock: Clock, start: int) -> int:
-    """Confirmations slow down from 50 ms to 400 ms: the peer is behind. The next number."""
+def fall_behind(p: PeerPace, clock: Clock, start: int, window: int) -> int:
+    """Confirmations slow down from 50 ms to 400 ms with the window full: the peer is behind.
+    Nothing is left in flight; returns the next number."""
     n = start
     for _ in range(3):
         round_trip(p, clock, n, 0.05)
         n += 1
-    while not p.behind:
-        round_trip(p, clock, n, 0.4)
-        n += 1
-    return n
+    for _ in range(20):
+        first = n
+        for _ in range(window + 1):
+            p.sent(n, f"$e{n}")
+            n += 1
+        clock.now += 0.4
+        assert p.confirmed(f"$e{first}")  # judged with the window still full
+        assert p.confirmed(f"$e{n - 1}")
+        if p.behind:
+            return n
+    raise AssertionError("never fell behind")
 
 
 async def test_a_peer_that_never_confirmed_is_not_paced() -> None:
@@ -88,10 +103,21 @@ async def test_while_the_peer_keeps_up_a_full_window_does_not_hold_anything() ->
     assert behind_gauge(registry) == 0
 
 
+async def test_slow_confirmations_with_room_in_the_window_change_nothing() -> None:
+    # Light load on a jittery path: round trips jump, but the window would hold nothing.
+    p, clock, registry = pace(window=4)
+    for n in range(1, 4):
+        round_trip(p, clock, n, 0.05)
+    for n in range(4, 40):
+        round_trip(p, clock, n, 0.5)
+    assert not p.behind and fell_behind(registry, "round_trip") == 0
+
+
 async def test_slow_confirmations_put_the_window_in_force_until_the_peer_confirms() -> None:
     p, clock, registry = pace(window=2)
-    n = fall_behind(p, clock, 1)
+    n = fall_behind(p, clock, 1, 2)
     assert behind_gauge(registry) == 1
+    assert fell_behind(registry, "round_trip") == 1
     p.sent(n, f"$e{n}")
     assert await leaves_at_once(p)  # one in flight: room in the window
     p.sent(n + 1, f"$e{n + 1}")
@@ -109,7 +135,7 @@ async def test_slow_confirmations_put_the_window_in_force_until_the_peer_confirm
 
 async def test_a_peer_whose_confirmations_are_fast_again_has_caught_up() -> None:
     p, clock, registry = pace(window=1)
-    n = fall_behind(p, clock, 1)
+    n = fall_behind(p, clock, 1, 1)
     while p.behind:
         round_trip(p, clock, n, 0.05)
         n += 1
@@ -121,7 +147,7 @@ async def test_a_peer_whose_confirmations_are_fast_again_has_caught_up() -> None
 
 async def test_a_link_behind_for_longer_than_the_floor_is_remembered_measures_it_afresh() -> None:
     p, clock, _registry = pace(window=1)
-    n = fall_behind(p, clock, 1)
+    n = fall_behind(p, clock, 1, 1)
     for _ in range(10):
         round_trip(p, clock, n, 0.4)  # measures the peer's queue: still behind
         n += 1
@@ -134,21 +160,43 @@ async def test_a_link_behind_for_longer_than_the_floor_is_remembered_measures_it
     assert not p.behind
 
 
-def test_the_floor_is_the_least_round_trip_of_the_last_span() -> None:
+def test_the_floor_is_a_low_quantile_of_the_round_trips_of_the_last_span() -> None:
     clock = Clock()
     trips = RoundTrips(clock)
     assert trips.floor is None
-    trips.observe(0.08, keeping_up=True)
-    trips.observe(0.05, keeping_up=True)
+    for ms in (80, 50, 60, 70, 90):
+        trips.observe(ms / 1000, keeping_up=True)
     trips.observe(0.01, keeping_up=False)  # measured while behind: not the path
-    assert trips.floor == 0.05
-    clock.now += flow.FLOOR_BUCKET
-    trips.observe(0.07, keeping_up=True)
-    assert trips.floor == 0.05
+    assert trips.floor == 0.06  # the 25th percentile, not the least
+    clock.now += flow.FLOOR_SPAN / 2
+    trips.observe(0.2, keeping_up=True)
+    assert trips.floor == 0.06
+    clock.now += flow.FLOOR_SPAN / 2 + 1
+    assert trips.floor == 0.2  # the older ones are forgotten
     clock.now += flow.FLOOR_SPAN
-    assert trips.floor == 0.07
-    clock.now += flow.FLOOR_BUCKET
     assert trips.floor is None
+
+
+async def test_a_crowd_held_by_the_window_stays_paced_while_its_round_trips_are_short() -> None:
+    """With the window holding what a crowd sends, the round trip is short because the window
+    works: it must not count as caught up, or the crowd floods the peer again."""
+    p, clock, registry = pace(window=1)
+    n = fall_behind(p, clock, 1, 1)
+    for _ in range(40):
+        p.sent(n, f"$e{n}")
+        waiting = asyncio.create_task(p.pace())  # the next event, held by the full window
+        await asyncio.sleep(0)
+        clock.now += 0.05  # confirmed as fast as when the peer kept up
+        assert p.confirmed(f"$e{n}")
+        await asyncio.wait_for(waiting, 1)
+        assert p.behind
+        n += 1
+    assert paced(registry, "confirmed") == 40
+    # The crowd stops: the next confirmation, with nothing held, finds the peer caught up.
+    p.sent(n, f"$e{n}")
+    clock.now += 0.05
+    assert p.confirmed(f"$e{n}")
+    assert not p.behind
 
 
 async def test_a_peer_that_stops_confirming_is_behind_and_still_gets_an_event_per_max_hold() -> (
@@ -159,14 +207,15 @@ async def test_a_peer_that_stops_confirming_is_behind_and_still_gets_an_event_pe
     p.sent(2, "$e2")  # never confirmed: the peer's node went away
     clock.now += 0.05
     assert await leaves_at_once(p)  # not yet overdue: nothing says it is behind
-    # Overdue: twice the floor and the peer's confirmation interval have passed.
-    clock.now += 2 * 0.05 + flow.CONFIRM_EVERY
+    # Overdue: BEHIND times the floor and the peer's confirmation interval have passed.
+    clock.now += flow.BEHIND * (0.05 + flow.CONFIRM_EVERY)
     loop = asyncio.get_running_loop()
     started = loop.time()
     await asyncio.wait_for(p.pace(), 2)
     assert 0.09 <= loop.time() - started < 1.0
     assert p.behind
     assert paced(registry, "max_hold") == 1
+    assert fell_behind(registry, "overdue") == 1 and fell_behind(registry, "round_trip") == 0
 
 
 async def test_the_peer_is_asked_to_confirm_at_once_only_while_its_confirmations_matter() -> None:
@@ -174,7 +223,7 @@ async def test_the_peer_is_asked_to_confirm_at_once_only_while_its_confirmations
     assert p.confirm_now()  # not confirming yet: every event asks, to start the measure
     round_trip(p, clock, 1, 0.05)
     assert not p.confirm_now()  # keeping up: the peer confirms at its own interval
-    fall_behind(p, clock, 2)
+    fall_behind(p, clock, 2, 2)
     assert p.confirm_now()  # the window waits on every confirmation
     off, _clock, _registry = pace(window=0)
     assert not off.confirm_now()
