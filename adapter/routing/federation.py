@@ -97,7 +97,7 @@ class PeerLink(StreamOutbox):
     def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
         # Persisted on this node's homeserver: federation takes it from here, retrying.
         self._n += 1
-        self.pace.sent(self._n, event_id)
+        self.pace.sent(self._n, event_id, len(batch))
         for item in batch:
             item.done()
 

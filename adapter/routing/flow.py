@@ -17,7 +17,8 @@ path itself, its floor):
   the peer has not confirmed. While the window is full, what the link's runtimes send waits and
   leaves together, in one event, when the next confirmation comes, and each event asks the peer
   to confirm at once (``confirm_now`` in its content). The link is back to keeping up once the
-  round trip falls under ``CAUGHT_UP`` times the floor while nothing is held.
+  round trip falls under ``CAUGHT_UP`` times the floor with little waiting (events of at most
+  ``FEW_MESSAGES`` messages).
 
 The floor is a low quantile of the round trips measured while keeping up, over the last
 ``FLOOR_SPAN`` seconds; round trips measured while behind say how long the queue is, not how
@@ -57,6 +58,9 @@ CONFIRM_EVERY = 0.2
 # it has caught up again (apart, so that the link does not flap on every sample).
 BEHIND = 2.0
 CAUGHT_UP = 1.5
+# An event of at most this many messages says little waits: a crowd held by the window sends
+# events of tens to hundreds.
+FEW_MESSAGES = 4
 # The floor: a low quantile (not the least: a round trip is timed from this node's homeserver
 # answering the send, which under load can come after federation already carried the event, so
 # the least is too low to judge by) of the round trips measured while keeping up, of the last
@@ -126,7 +130,7 @@ class PeerPace:
         self._confirmed = 0  # the number of the last event the peer's node handled
         self._confirming = False  # whether the peer's node has ever confirmed anything
         self._behind = False
-        self._holding = False  # whether the next event waits for a confirmation now
+        self._last_batch = 0  # messages in the last event sent
         # event id -> its number and when it was persisted
         self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._progress = asyncio.Event()
@@ -160,8 +164,9 @@ class PeerPace:
         waits on it), and until the peer has confirmed anything."""
         return bool(self._window) and (self._behind or not self._confirming)
 
-    def sent(self, n: int, event_id: str) -> None:
+    def sent(self, n: int, event_id: str, messages: int = 1) -> None:
         self._sent = n
+        self._last_batch = messages
         self._gauge.set(self.in_flight)
         if self._window:
             self._unconfirmed[event_id] = (n, self._clock())
@@ -202,9 +207,14 @@ class PeerPace:
             # would hold nothing, so nothing changes (jitter at light load, mostly).
             if self.in_flight >= self._window:
                 self._falling_behind("round_trip")
-        elif smoothed is not None and smoothed < CAUGHT_UP * floor and not self._holding:
-            # Only with nothing held: while the window holds what is sent, the round trip is
-            # short because the window works (a crowd), not because the peer has caught up.
+        elif (
+            smoothed is not None
+            and smoothed < CAUGHT_UP * floor
+            and self._last_batch <= FEW_MESSAGES
+        ):
+            # Only once what waits is little again: while a crowd's messages gather in large
+            # events, the round trip is short because the window works, not because the peer
+            # has caught up.
             self._keeping_up()
         self._check_overdue()
 
@@ -243,16 +253,12 @@ class PeerPace:
         if not self._behind or self.in_flight < self._window:
             return
         deadline = asyncio.get_running_loop().time() + self._max_hold
-        self._holding = True
-        try:
-            while self._behind and self.in_flight >= self._window:
-                self._progress.clear()
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        await self._progress.wait()
-                except TimeoutError:
-                    self._held_until_max.inc()
-                    return
-            self._held_until_confirmed.inc()
-        finally:
-            self._holding = False
+        while self._behind and self.in_flight >= self._window:
+            self._progress.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._progress.wait()
+            except TimeoutError:
+                self._held_until_max.inc()
+                return
+        self._held_until_confirmed.inc()
