@@ -45,8 +45,9 @@ INLINE_LIMIT = 60_000
 # A batch too big for inline JSON is first tried packed (its media frames, deflated, in base64)
 # when its frames are at most this big: beyond, it would not fit once packed either.
 PACK_LIMIT = 4 * INLINE_LIMIT
-# The most a packed batch may unpack to: what a peer's event may make this node allocate.
-UNPACKED_LIMIT = 16 * 1024 * 1024
+# The most a packed batch may unpack to (no writer packs more): a peer's event of a few kB
+# cannot make this node allocate, or spend its event loop inflating, more than that.
+UNPACKED_LIMIT = PACK_LIMIT
 
 T_contra = TypeVar("T_contra", contravariant=True)
 

@@ -55,9 +55,12 @@ CONFIRM_NOW = "confirm_now"
 # messages a second, one receipt in four events instead of one per event.
 CONFIRM_EVERY = 0.2
 # The round trip, as a multiple of the floor, above which the peer is behind, and under which
-# it has caught up again (apart, so that the link does not flap on every sample).
+# it has caught up again. The same line: what keeps the link from flapping is that falling
+# behind also takes a full window, and catching up small events (FEW_MESSAGES). With 1.5 the
+# extra receipts of being behind (one per event) kept a link at light load from ever
+# measuring under the line again.
 BEHIND = 2.0
-CAUGHT_UP = 1.5
+CAUGHT_UP = 2.0
 # An event of at most this many messages says little waits: a crowd held by the window sends
 # events of tens to hundreds.
 FEW_MESSAGES = 4

@@ -82,6 +82,19 @@ async def test_large_batches_that_deflate_enough_travel_packed_in_the_event() ->
     assert await carrier.decode_batch(content, no_media) == [i.routed for i in items]
 
 
+async def test_the_largest_batch_a_writer_packs_is_one_a_reader_unpacks() -> None:
+    items = [message(i, size=2000) for i in range(200)]
+    frames = sum(len(i.routed.text) for i in items)
+    assert frames > carrier.PACK_LIMIT  # too much to pack: media
+    assert LaneEncoder().encode({}, items).kind == "media"
+    fits = items[: len(items) * carrier.PACK_LIMIT // frames - 2]
+    encoded = LaneEncoder().encode({}, fits)
+    assert encoded.kind == "packed" and encoded.inline is not None
+    assert await carrier.decode_batch(orjson.loads(encoded.inline), no_media) == [
+        i.routed for i in fits
+    ]
+
+
 def packed(blob: bytes) -> dict[str, object]:
     return {"v": 2, "count": 1, "packed": base64.b64encode(zlib.compress(blob)).decode()}
 
