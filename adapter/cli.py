@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvloop
 from rich.console import Console
 
 from .config import ConfigError, NodeConfig, load_config
 from .private_files import PRIVATE_UMASK
+
+if TYPE_CHECKING:
+    from .localstack.up import WorkerOptions
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 3
 # Commands whose output is meant to be shared (aggregates, a report page): they keep the caller's
@@ -115,11 +120,39 @@ def _build_parser() -> argparse.ArgumentParser:
         help="two reTHINK domains (a.localhost, b.localhost), each with its Synapse and node, "
         "federating over loopback (configs under <state-dir>/domain-a|b/)",
     )
+    up.add_argument(
+        "--workers",
+        action="store_true",
+        help="Synapse in worker mode (event persisters and the appservice push on workers) on "
+        "PostgreSQL and Redis; its own config under <state-dir>/workers/",
+    )
+    up.add_argument(
+        "--homeserver-database",
+        metavar="URL",
+        help="with --workers: Synapse's PostgreSQL database, created if missing "
+        "(default postgresql://postgres@127.0.0.1:5432/rethink_mn_synapse)",
+    )
+    up.add_argument(
+        "--redis",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="with --workers: the Redis the workers replicate over (default 127.0.0.1:6379)",
+    )
     return parser
 
 
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"takes HOST:PORT, not {value!r}")
+    return host, int(port)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "up" and not args.workers and (args.homeserver_database or args.redis):
+        parser.error("--homeserver-database and --redis go with --workers")
     if args.command not in SHARED_OUTPUT_COMMANDS:
         # Group and others get nothing of what this process creates. The writers of secrets
         # create their files 0600 themselves; the umask covers what they do not write
@@ -170,11 +203,25 @@ async def _dispatch(args: argparse.Namespace) -> int:
             _configure_logging_for_up(args)
             if args.two_domains:
                 return await up_two_domains(args.state_dir, _say)
-            return await up(args.config, args.state_dir, _say)
+            return await up(args.config, args.state_dir, _say, _worker_options(args))
     except LocalStackError as exc:
         err.print(f"[bold red]error[/]: {exc}")
         return EXIT_FAILURE
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _worker_options(args: argparse.Namespace) -> WorkerOptions | None:
+    from .localstack.up import WorkerOptions
+
+    if not args.workers:
+        return None
+    options = WorkerOptions()
+    if args.homeserver_database:
+        options = dataclasses.replace(options, database_url=args.homeserver_database)
+    if args.redis:
+        host, port = args.redis
+        options = dataclasses.replace(options, redis_host=host, redis_port=port)
+    return options
 
 
 def _configure_logging_for_up(args: argparse.Namespace) -> None:

@@ -74,6 +74,10 @@ class HomeserverConfig(_Strict):
     server_name: str = "localhost"
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     max_retries: int = Field(default=5, ge=0, le=20)
+    # How many event persisters (Synapse workers) the homeserver shards rooms' events over; the
+    # lanes are created so that lane i's events go to persister i mod this, so that as many
+    # lanes as persisters are persisted side by side. 1: one process persists every event.
+    event_persisters: int = Field(default=1, ge=1, le=64)
 
     @field_validator("server_name")
     @classmethod

@@ -151,7 +151,11 @@ class Node:
             cfg.appservice.sender_localpart,
         )
         self.rooms = RoomDirectory(
-            self.api, RoomStore(self.db), cfg.appservice.user_prefix, cfg.appservice.alias_prefix
+            self.api,
+            RoomStore(self.db),
+            cfg.appservice.user_prefix,
+            cfg.appservice.alias_prefix,
+            persisters=cfg.homeserver.event_persisters,
         )
 
         # Routing state and sessions.

@@ -181,24 +181,34 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
+# A named part of the system under test: one process tree, or several (Synapse's main process
+# and its workers, each a child of the benchmark).
+Roots = dict[str, int | tuple[int, ...] | None]
+
+
 class CpuWindow:
     """% of one core used by named process trees between ``start()`` and ``stop()``."""
 
-    def __init__(self, roots: dict[str, int | None]) -> None:
-        self.roots = {k: v for k, v in roots.items() if v is not None}
+    def __init__(self, roots: Roots) -> None:
+        self.roots = {
+            k: (v if isinstance(v, tuple) else (v,)) for k, v in roots.items() if v is not None
+        }
         self._before: dict[str, float] = {}
         self._t0 = 0.0
         self.pct: dict[str, float] = {}
 
+    def _seconds(self, pids: tuple[int, ...]) -> float:
+        return sum(tree_cpu_seconds(pid) for pid in pids)
+
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._before = {k: tree_cpu_seconds(pid) for k, pid in self.roots.items()}
+        self._before = {k: self._seconds(pids) for k, pids in self.roots.items()}
 
     def stop(self) -> None:
         elapsed = time.monotonic() - self._t0
         self.pct = {
-            k: 100 * (tree_cpu_seconds(pid) - self._before[k]) / elapsed
-            for k, pid in self.roots.items()
+            k: 100 * (self._seconds(pids) - self._before[k]) / elapsed
+            for k, pids in self.roots.items()
         }
 
 
@@ -402,7 +412,7 @@ async def run_cell(
     name: str,
     url: str,
     domain: str,
-    pids: dict[str, int | None],
+    pids: Roots,
     results: ResultsLike,
     log_dir: Path,
     say: Callable[[str], None],
@@ -416,7 +426,7 @@ async def run_cell(
     (``url``, ``domain``) the receivers are that domain's runtimes."""
     tag = f"{name}-{os.urandom(3).hex()}"
     async with Drivers(cell, url, domain, tag, log_dir, peer) as drivers:
-        roots = {**pids, **{f"driver{i}": p.pid for i, p in enumerate(drivers.procs)}}
+        roots: Roots = {**pids, **{f"driver{i}": p.pid for i, p in enumerate(drivers.procs)}}
         # Everyone starts together: connect, allocate, first message.
         setup_at = time.time() + 0.3
         setup_cpu = CpuWindow(roots)
@@ -559,7 +569,10 @@ async def run_group(
                 url: str, service: Any, phase: str = phase, name: str = name, cell: Cell = cell
             ) -> None:
                 synapse = stack.synapses.get(phase)
-                pids = {"node": service.proc.pid, "synapse": synapse.pid if synapse else None}
+                pids: Roots = {
+                    "node": service.proc.pid,
+                    "synapse": synapse.all_pids if synapse else None,
+                }
                 metrics = service.health_url.replace("/health", "/metrics")
                 companion: Companion | None = None
                 if dashboard and name == "node":

@@ -51,6 +51,7 @@ import hostile  # noqa: E402
 from bare import BarePipeline  # noqa: E402
 from databases import KINDS, fresh_database  # noqa: E402
 
+from adapter.localstack.homeserver_database import ensure_homeserver_database  # noqa: E402
 from adapter.localstack.synapse import (  # noqa: E402
     SynapseProcess,
     SynapseSettings,
@@ -58,6 +59,7 @@ from adapter.localstack.synapse import (  # noqa: E402
     free_port,
     write_homeserver_config,
 )
+from adapter.localstack.workers import WorkerLayout  # noqa: E402
 from adapter.private_files import dump_private_yaml  # noqa: E402
 from appservice.registration import build_registration  # noqa: E402
 
@@ -177,6 +179,8 @@ def _fmt(value: Any) -> str:
 # `--homeserver-database postgresql`: Synapse on the machine's PostgreSQL instead of SQLite (the
 # homeserver given more room: a connection pool, so several lanes persist at once).
 HOMESERVER_DATABASE = "sqlite"
+# `--homeserver-workers P`: Synapse with P event persisters (and its appservice push) on workers.
+HOMESERVER_WORKERS = 0
 # An experiment, not the default: Synapse's commits no longer wait for the WAL flush.
 HOMESERVER_SYNC_COMMIT_OFF = os.environ.get("RETHINK_MN_BENCH_HS_ASYNC_COMMIT") == "1"
 PG_ADMIN = os.environ.get("RETHINK_MN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -186,16 +190,11 @@ async def fresh_homeserver_database(name: str) -> str:
     import psycopg
 
     name = "".join(c if c.isalnum() else "_" for c in name.lower())[:60]
-    async with await psycopg.AsyncConnection.connect(PG_ADMIN, autocommit=True) as conn:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        # Synapse refuses a database whose collation is not C.
-        await conn.execute(
-            f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' "
-            "LC_COLLATE 'C' LC_CTYPE 'C'"
-        )
-        if HOMESERVER_SYNC_COMMIT_OFF:
+    url = await ensure_homeserver_database(PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", fresh=True)
+    if HOMESERVER_SYNC_COMMIT_OFF:
+        async with await psycopg.AsyncConnection.connect(PG_ADMIN, autocommit=True) as conn:
             await conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = off')
-    return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    return url
 
 
 # `--node-setting KEY=VALUE`: configuration the benchmarked node (and relay) get on top of the
@@ -646,6 +645,9 @@ class Stack:
             registration_file=self.work / "node-registration.yaml",
             extra_registrations=(self.work / "bare-registration.yaml",),
             database_url=database,
+            workers=WorkerLayout.plan(HOMESERVER_WORKERS, free_port)
+            if HOMESERVER_WORKERS
+            else None,
         )
         write_homeserver_config(settings)
         synapse = self.synapses[phase] = SynapseProcess(self.python, settings)
@@ -745,6 +747,9 @@ async def main(args: argparse.Namespace) -> int:
             "quick": args.quick,
             "loadavg_at_start": os.getloadavg(),
             "database": args.database,
+            "homeserver_database": HOMESERVER_DATABASE,
+            "homeserver_workers": HOMESERVER_WORKERS,
+            "node_settings": NODE_SETTINGS,
         },
     )
     work = Path(tempfile.mkdtemp(prefix="rethink-bench-"))
@@ -876,8 +881,22 @@ if __name__ == "__main__":
         default="sqlite",
         help="Synapse's own database (default sqlite, as `rethink-mn up` runs it)",
     )
+    parser.add_argument(
+        "--homeserver-workers",
+        type=int,
+        default=0,
+        metavar="PERSISTERS",
+        help="Synapse in worker mode with this many event persisters (and the appservice push "
+        "on a worker), on PostgreSQL and the local Redis; the node gets "
+        "homeserver.event_persisters and, unless set, as many lanes",
+    )
     args = parser.parse_args()
     HOMESERVER_DATABASE = args.homeserver_database
+    HOMESERVER_WORKERS = args.homeserver_workers
+    if HOMESERVER_WORKERS:
+        HOMESERVER_DATABASE = "postgresql"
+        NODE_SETTINGS["homeserver.event_persisters"] = HOMESERVER_WORKERS
+        NODE_SETTINGS["routing.lanes"] = HOMESERVER_WORKERS
     for setting in args.node_setting:
         key, sep, value = setting.partition("=")
         if not sep:

@@ -26,6 +26,7 @@ from ruamel.yaml import YAML
 
 from ..private_files import PRIVATE_UMASK, dump_private_yaml, open_private_append, private_dir
 from .ip_blocklist import blocklist_except
+from .workers import Worker, WorkerLayout
 
 SYNAPSE_VERSION = "1.163.2"
 # The whole dependency tree of that Synapse, pinned, so every install is the same.
@@ -67,8 +68,9 @@ def ensure_synapse_installed(
     """
     venv = venv or synapse_venv_path()
     python = venv / "bin" / "python"
-    # Named after what the install holds: a venv from before psycopg2 was added is redone once.
-    marker = venv / ".rethink-mn-installed-with-postgres"
+    # Named after what the install holds: a venv from before psycopg2 and the Redis client (for
+    # workers) were added is redone once.
+    marker = venv / ".rethink-mn-installed-with-postgres-redis"
     if marker.exists():
         return python
     with _file_lock(venv.with_name(venv.name + ".lock")):
@@ -86,7 +88,8 @@ def ensure_synapse_installed(
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
-                f"matrix-synapse=={SYNAPSE_VERSION}",
+                # `redis`: workers replicate over Redis.
+                f"matrix-synapse[redis]=={SYNAPSE_VERSION}",
                 # Synapse's PostgreSQL driver, prebuilt (the `postgres` extra would compile it).
                 "psycopg2-binary",
                 *constraints,
@@ -158,6 +161,8 @@ class SynapseSettings:
     database_url: str | None = None
     # None: no federation at all, as for a single domain.
     federation: FederationSettings | None = None
+    # None: one process does everything. Workers need the PostgreSQL database and Redis.
+    workers: WorkerLayout | None = None
 
     @property
     def url(self) -> str:
@@ -165,7 +170,15 @@ class SynapseSettings:
 
     @property
     def ports(self) -> tuple[int, ...]:
-        return (self.port,) if self.federation is None else (self.port, self.federation.port)
+        """The client port, then the federation port (with federation), then the workers'."""
+        federation = () if self.federation is None else (self.federation.port,)
+        workers = () if self.workers is None else (self.workers.main_port,)
+        return (
+            self.port,
+            *federation,
+            *workers,
+            *(w.port for w in (self.workers.workers if self.workers else ())),
+        )
 
     @property
     def config_file(self) -> Path:
@@ -175,11 +188,18 @@ class SynapseSettings:
     def log_file(self) -> Path:
         return self.data_dir / "homeserver.log"
 
+    def worker_config_file(self, worker: Worker) -> Path:
+        return self.data_dir / "workers" / f"{worker.name}.yaml"
+
+    def worker_log_file(self, worker: Worker) -> Path:
+        return self.data_dir / "workers" / f"{worker.name}.log"
+
 
 def write_homeserver_config(settings: SynapseSettings) -> Path:
     """A homeserver for one machine: loopback client listener, SQLite (or the PostgreSQL database
     the settings name), no stats reporting, no key servers to contact, our appservice registered.
-    No federation unless the settings ask for it, and then only with the peers they name.
+    No federation unless the settings ask for it, and then only with the peers they name; one
+    process unless they name workers (whose own files go to `<data>/workers/`).
 
     Secrets generated on the first write are kept on later writes, so sessions and the signing
     key stay valid across restarts of the local stack. The data directory is 0700 and the
@@ -194,27 +214,7 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
     def secret(name: str) -> str:
         return str(previous.get(name) or secrets.token_urlsafe(32))
 
-    log_config = data / "log.config"
-    dump_private_yaml(
-        {
-            "version": 1,
-            "formatters": {"precise": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
-            "handlers": {
-                "file": {
-                    "class": "logging.FileHandler",
-                    "formatter": "precise",
-                    "filename": str(settings.log_file.resolve()),
-                }
-            },
-            "root": {"level": "WARNING", "handlers": ["file"]},
-            "loggers": {
-                "synapse.app": {"level": "INFO"},
-                "synapse.storage.SQL": {"level": "WARNING"},
-            },
-            "disable_existing_loggers": False,
-        },
-        log_config,
-    )
+    log_config = _write_log_config(data / "log.config", settings.log_file)
     config = {
         "server_name": settings.server_name,
         "public_baseurl": settings.url + "/",
@@ -250,8 +250,58 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
     }
     if settings.federation is not None:
         config = _with_federation(config, settings.host, settings.federation)
+    if settings.workers is not None:
+        config = _with_workers(config, settings, settings.workers)
     dump_private_yaml(config, settings.config_file)
     return settings.config_file
+
+
+def _write_log_config(path: Path, log_file: Path) -> Path:
+    dump_private_yaml(
+        {
+            "version": 1,
+            "formatters": {"precise": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+            "handlers": {
+                "file": {
+                    "class": "logging.FileHandler",
+                    "formatter": "precise",
+                    "filename": str(log_file.resolve()),
+                }
+            },
+            "root": {"level": "WARNING", "handlers": ["file"]},
+            "loggers": {
+                "synapse.app": {"level": "INFO"},
+                "synapse.storage.SQL": {"level": "WARNING"},
+            },
+            "disable_existing_loggers": False,
+        },
+        path,
+    )
+    return path
+
+
+def _with_workers(
+    config: dict[str, Any], settings: SynapseSettings, workers: WorkerLayout
+) -> dict[str, Any]:
+    if settings.database_url is None:
+        raise LocalStackError(
+            "Synapse's workers share one PostgreSQL database: give the homeserver a database URL"
+        )
+    private_dir(settings.data_dir / "workers")
+    for worker in workers.workers:
+        log_config = _write_log_config(
+            settings.data_dir / "workers" / f"{worker.name}.log.config",
+            settings.worker_log_file(worker),
+        )
+        dump_private_yaml(
+            workers.worker_config(worker, settings.host, log_config.resolve()),
+            settings.worker_config_file(worker),
+        )
+    return {
+        **config,
+        **workers.shared_config(settings.host),
+        "listeners": [*config["listeners"], workers.main_listener(settings.host)],
+    }
 
 
 def _with_federation(
@@ -309,12 +359,14 @@ def _die_with_parent() -> None:
 
 
 class SynapseProcess:
-    """A running Synapse child process."""
+    """A running Synapse: its main process and, in worker mode, its workers, started and stopped
+    together."""
 
     def __init__(self, python: Path, settings: SynapseSettings) -> None:
         self.python = python
         self.settings = settings
         self._proc: subprocess.Popen[bytes] | None = None
+        self._workers: dict[str, subprocess.Popen[bytes]] = {}
 
     def generate_keys(self) -> None:
         _run(
@@ -338,75 +390,140 @@ class SynapseProcess:
                     f"port {self.settings.host}:{port} is already in use: stop what holds it "
                     "or choose another homeserver port"
                 )
+        self._proc = self._spawn(
+            ["synapse.app.homeserver", "-c", str(self.settings.config_file)],
+            self.settings.log_file,
+        )
+
+    def _start_workers(self) -> None:
+        layout = self.settings.workers
+        for worker in layout.workers if layout else ():
+            self._workers[worker.name] = self._spawn(
+                [
+                    "synapse.app.generic_worker",
+                    "-c",
+                    str(self.settings.config_file),
+                    "-c",
+                    str(self.settings.worker_config_file(worker)),
+                ],
+                self.settings.worker_log_file(worker),
+            )
+
+    def _spawn(self, module_and_args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
         # Synapse's log may quote tokens: owner-only, like everything Synapse itself creates in
         # its data directory (its database, media, pid file), which the umask makes so.
-        log = open_private_append(self.settings.log_file)
-        self._proc = subprocess.Popen(
-            [
-                str(self.python),
-                "-m",
-                "synapse.app.homeserver",
-                "-c",
-                str(self.settings.config_file),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            # Own session: a Ctrl-C in the terminal reaches only us, and we stop Synapse in order.
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-            umask=PRIVATE_UMASK,
-        )
-        log.close()
+        log = open_private_append(log_file)
+        try:
+            return subprocess.Popen(
+                [str(self.python), "-m", *module_and_args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                # Own session: a Ctrl-C in the terminal reaches only us, and we stop Synapse in
+                # order.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                umask=PRIVATE_UMASK,
+            )
+        finally:
+            log.close()
 
     @property
     def pid(self) -> int | None:
+        """The main process's."""
         return self._proc.pid if self._proc else None
 
+    @property
+    def worker_pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self._workers.items()}
+
+    @property
+    def all_pids(self) -> tuple[int, ...]:
+        """The main process's, then the workers'."""
+        return tuple(proc.pid for _name, proc in self._processes())
+
     def exit_code(self) -> int | None:
-        return self._proc.poll() if self._proc else None
+        """The exit code of the main process, or of a worker, that has exited; None while all
+        run."""
+        for _name, proc in self._processes():
+            code = proc.poll()
+            if code is not None:
+                return code
+        return None
+
+    def _processes(self) -> list[tuple[str, subprocess.Popen[bytes]]]:
+        main = [("main", self._proc)] if self._proc else []
+        return [*main, *self._workers.items()]
+
+    def _exited(self) -> str | None:
+        return next((name for name, proc in self._processes() if proc.poll() is not None), None)
 
     async def wait_ready(self, timeout: float = 90.0) -> None:
+        """Until the client API answers; in worker mode, then starts the workers (a worker
+        refuses a database the main process has not prepared yet) and waits until every one's
+        listener says it is healthy."""
         deadline = time.monotonic() + timeout
-        url = self.settings.url + "/_matrix/client/versions"
         async with aiohttp.ClientSession() as session:
-            while True:
-                code = self.exit_code()
-                if code is not None:
-                    raise LocalStackError(
-                        f"Synapse exited with code {code} while starting; last log lines:\n"
-                        + self.log_tail()
-                    )
-                try:
-                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                        if resp.status == 200:
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise LocalStackError(
-                        f"Synapse did not answer on {url} within {timeout:.0f}s; last log lines:\n"
-                        + self.log_tail()
-                    )
-                await asyncio.sleep(0.2)
+            await self._wait_for(session, self.settings.url + "/_matrix/client/versions", deadline)
+            layout = self.settings.workers
+            if layout is None:
+                return
+            if not self._workers:
+                self._start_workers()
+            for worker in layout.workers:
+                await self._wait_for(
+                    session, f"http://{self.settings.host}:{worker.port}/health", deadline
+                )
 
-    def log_tail(self, lines: int = 20) -> str:
+    async def _wait_for(self, session: aiohttp.ClientSession, url: str, deadline: float) -> None:
+        while not await self._answers(session, url):
+            exited = self._exited()
+            if exited is not None:
+                raise LocalStackError(
+                    f"Synapse ({exited}) exited with code {self.exit_code()} while starting; "
+                    f"last log lines:\n{self.log_tail(process=exited)}"
+                )
+            if time.monotonic() > deadline:
+                raise LocalStackError(
+                    f"Synapse did not answer on {url} in time; last log lines:\n{self.log_tail()}"
+                )
+            await asyncio.sleep(0.2)
+
+    @staticmethod
+    async def _answers(session: aiohttp.ClientSession, url: str) -> bool:
         try:
-            text = self.settings.log_file.read_text(errors="replace")
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    def log_tail(self, lines: int = 20, process: str | None = None) -> str:
+        """The end of the log of ``process`` (a worker's name), by default of the first process
+        that exited, else of the main process."""
+        name = process or self._exited() or "main"
+        log_file = self.settings.log_file
+        layout = self.settings.workers
+        for worker in layout.workers if layout else ():
+            if worker.name == name:
+                log_file = self.settings.worker_log_file(worker)
+        try:
+            text = log_file.read_text(errors="replace")
         except OSError:
             return "(no log)"
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def stop(self, timeout: float = 15.0) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        """Workers first, then the main process (the workers' replication goes through it)."""
+        running = [proc for _name, proc in reversed(self._processes()) if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in running:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
 
     async def stop_async(self, timeout: float = 15.0) -> None:
         await asyncio.to_thread(self.stop, timeout)

@@ -8,10 +8,13 @@ Synapse, leaving no process behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..config import NodeConfig, load_config
@@ -22,19 +25,35 @@ from ..private_files import describe, private_dir, tighten_all, tighten_tree
 from ..storage import migrate
 from ..storage.database import sqlite_files
 from .federation import federating, start_homeservers
+from .homeserver_database import ensure_homeserver_database
 from .synapse import (
     LocalStackError,
     SynapseProcess,
     SynapseSettings,
     ensure_synapse_installed,
+    free_port,
     write_homeserver_config,
 )
+from .workers import WorkerLayout
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # Two-domain mode: each domain's state (registration, Synapse data, node database) in its own
 # directory under the state directory, and the local federation CA beside them.
 DOMAIN_DIRS = ("domain-a", "domain-b")
 TLS_DIR = "federation-tls"
+# Worker mode: its own configuration, node database and Synapse data under this directory (its
+# rooms live in another homeserver database than the single process's).
+WORKERS_DIR = "workers"
+DEFAULT_PERSISTERS = 2
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """`up --workers`: Synapse on this PostgreSQL database (created on first use) and Redis."""
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/rethink_mn_synapse"
+    redis_host: str = "127.0.0.1"
+    redis_port: int = 6379
 
 
 def make_state_private(state_dir: Path, say: Callable[[str], None], *files: Path) -> None:
@@ -63,7 +82,14 @@ def _report(changed: list[Path], problems: list[str], say: Callable[[str], None]
         say(f"warning: could not make this owner-only: {problem}")
 
 
-def ensure_config(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> NodeConfig:
+def ensure_config(
+    config_path: Path,
+    state_dir: Path,
+    say: Callable[[str], None],
+    settings: dict[str, Any] | None = None,
+) -> NodeConfig:
+    """The configuration at ``config_path``, created with fresh tokens (and ``settings``) on
+    first use; its registration written beside the state."""
     registration = state_dir / "registration.yaml"
     if not config_path.exists():
         say(f"creating {config_path} with fresh tokens")
@@ -76,6 +102,7 @@ def ensure_config(config_path: Path, state_dir: Path, say: Callable[[str], None]
                 # A development node: reTHINK's own stubs and tools connect NoMatrix-style
                 # (v2 without hello) and must work; a production config chooses `refuse`.
                 "stub.tokenless_sessions": "allow",
+                **(settings or {}),
             },
         )
         return config
@@ -131,12 +158,55 @@ async def start_two_homeservers(
     return a, b
 
 
-async def up(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> int:
+def _check_redis(options: WorkerOptions) -> None:
+    try:
+        socket.create_connection((options.redis_host, options.redis_port), timeout=3).close()
+    except OSError as exc:
+        raise LocalStackError(
+            f"Synapse's workers talk over Redis, and none answers at {options.redis_host}:"
+            f"{options.redis_port} ({exc}): start one or give --redis HOST:PORT"
+        ) from exc
+
+
+async def with_workers(
+    settings: SynapseSettings, config: NodeConfig, options: WorkerOptions
+) -> SynapseSettings:
+    """``settings`` in worker mode: as many event persisters as the node's configuration says
+    (`homeserver.event_persisters`), the appservice push on a worker, PostgreSQL and Redis."""
+    await asyncio.to_thread(_check_redis, options)
+    database = await ensure_homeserver_database(options.database_url)
+    layout = WorkerLayout.plan(
+        config.homeserver.event_persisters,
+        free_port,
+        redis_host=options.redis_host,
+        redis_port=options.redis_port,
+    )
+    return dataclasses.replace(settings, database_url=database, workers=layout)
+
+
+async def up(
+    config_path: Path,
+    state_dir: Path,
+    say: Callable[[str], None],
+    workers: WorkerOptions | None = None,
+) -> int:
+    """The local stack; with ``workers``, Synapse in worker mode, its configuration and state
+    under `<state_dir>/workers/` (``config_path`` is then `<state_dir>/workers/config.yaml`)."""
+    extra: dict[str, Any] = {}
+    if workers is not None:
+        state_dir = state_dir / WORKERS_DIR
+        config_path = state_dir / "config.yaml"
+        extra = {
+            "homeserver.event_persisters": DEFAULT_PERSISTERS,
+            "routing.lanes": DEFAULT_PERSISTERS,
+        }
     await asyncio.to_thread(make_state_private, state_dir, say, config_path)
-    config = ensure_config(config_path, state_dir, say)
+    config = ensure_config(config_path, state_dir, say, extra)
     # A database configured outside the state directory holds the same secret.
     await asyncio.to_thread(make_files_private, say, *sqlite_files(config.database.url))
     settings = homeserver_settings(config, state_dir)
+    if workers is not None:
+        settings = await with_workers(settings, config, workers)
 
     python = await asyncio.to_thread(ensure_synapse_installed, None, say)
     write_homeserver_config(settings)
@@ -154,6 +224,13 @@ async def up(config_path: Path, state_dir: Path, say: Callable[[str], None]) -> 
         synapse.start()
         await synapse.wait_ready()
         say(f"Synapse is up (pid {synapse.pid})")
+        if settings.workers is not None:
+            pids = ", ".join(f"{name} pid {pid}" for name, pid in synapse.worker_pids.items())
+            say(
+                f"Synapse workers are up ({pids}) on {settings.database_url}; "
+                f"the node writes {config.routing.lanes} lane(s) over "
+                f"{config.homeserver.event_persisters} event persister(s)"
+            )
         say("applying database migrations")
         await migrate.upgrade(config.database.url)
         node = Node(config)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import structlog
+
 from appservice.intent import AppserviceAPI, Intent
 
 from ..storage.rooms import RoomStore
@@ -24,17 +26,37 @@ FROM_PEER = "from-peer"  # written by a peer domain's node, read by this one
 # every server that holds the room).
 WRITER_POWER = 100
 WRITER_ONLY = {"events_default": WRITER_POWER, "state_default": WRITER_POWER}
+# Rooms created in search of one on a given event persister before settling for any: each try
+# lands on the wanted one with a chance of 1/persisters.
+PLACEMENT_ATTEMPTS = 24
+
+log = structlog.get_logger(__name__)
 
 
 def runtime_hash(runtime_url: str) -> str:
     return hashlib.sha256(runtime_url.encode()).hexdigest()[:32]
 
 
+def persister_of(room_id: str, persisters: int) -> int:
+    """The index of the event persister Synapse gives a room's events to when it has
+    ``persisters`` of them: it shards the events stream by the SHA-256 of the room id, read as a
+    little-endian integer, modulo the number of writers (Synapse's `ShardedWorkerHandlingConfig`).
+    Only placement depends on it: a room on another persister works, just not side by side."""
+    digest = hashlib.sha256(room_id.encode()).digest()
+    return int.from_bytes(digest, "little") % persisters
+
+
 class RoomDirectory:
     def __init__(
-        self, api: AppserviceAPI, store: RoomStore, user_prefix: str, alias_prefix: str
+        self,
+        api: AppserviceAPI,
+        store: RoomStore,
+        user_prefix: str,
+        alias_prefix: str,
+        persisters: int = 1,
     ) -> None:
         self._api = api
+        self._persisters = persisters
         self._store = store
         self._user_prefix = user_prefix
         self._alias_prefix = alias_prefix
@@ -51,7 +73,11 @@ class RoomDirectory:
 
     async def lane(self, index: int, refresh: bool = False) -> tuple[Intent, str]:
         room_id = await self._ensure(
-            f"{self._alias_prefix}lane_{index}", LANE, refresh, f"reTHINK lane {index}"
+            f"{self._alias_prefix}lane_{index}",
+            LANE,
+            refresh,
+            f"reTHINK lane {index}",
+            persister=index % self._persisters if self._persisters > 1 else None,
         )
         return self._api.bot, room_id
 
@@ -120,6 +146,7 @@ class RoomDirectory:
         refresh: bool,
         name: str,
         invite: tuple[str, ...] = (),
+        persister: int | None = None,
     ) -> str:
         if not refresh and (cached := self._rooms.get(localpart)) is not None:
             return cached
@@ -130,6 +157,10 @@ class RoomDirectory:
             alias = self._api.alias(localpart)
             intent = self._api.bot
             room_id = None if refresh else await self._store.by_alias(alias)
+            if room_id is None and persister is not None:
+                room_id = await self._create_on_persister(localpart, name, persister)
+                await self._store.add(room_id, alias, purpose, intent.user_id, None)
+                self.adopted.add(room_id)
             if room_id is None:
                 # create_room answers the existing room when the alias is taken (a room map lost
                 # with its database); joining is a no-op for a member and repairs a membership
@@ -149,3 +180,22 @@ class RoomDirectory:
                 self.adopted.add(room_id)
             self._rooms[localpart] = room_id
             return room_id
+
+    async def _create_on_persister(self, localpart: str, name: str, persister: int) -> str:
+        """A room under ``#localpart`` whose events go to event persister ``persister``: rooms
+        are created without the alias until one lands there (the others are left), then the
+        alias is pointed at it. A room the alias already names is kept wherever it is."""
+        intent = self._api.bot
+        alias = self._api.alias(localpart)
+        for _ in range(PLACEMENT_ATTEMPTS):
+            if (existing := await intent.resolve_alias(alias)) is not None:
+                await intent.join(existing)
+                return existing
+            room_id = await intent.create_room(name=name)
+            if persister_of(room_id, self._persisters) == persister and await intent.put_alias(
+                alias, room_id
+            ):
+                return room_id
+            await intent.leave_and_forget(room_id)
+        log.warning("room not placed on its event persister", alias=alias, persister=persister)
+        return await intent.create_room(alias_localpart=localpart, name=name)

@@ -206,3 +206,83 @@ async def test_up_two_domains_runs_both_and_stops_cleanly(
     pids = [int(pid) for pid in re.findall(r"Synapse \S+ is up \(pid (\d+)\)", text)]
     assert len(pids) == 2, text
     assert not any(_alive(pid) for pid in pids), "a Synapse outlived `up --two-domains`"
+
+
+async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everything(
+    synapse_python: Path, tmp_path: Path
+) -> None:
+    from adapter.localstack.up import WORKERS_DIR, ensure_config
+
+    from ..conftest import PG_DSN
+
+    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
+    state = tmp_path / "var"
+    # A user's edited config on free ports (the defaults are fixed), with the persisters and
+    # lanes `up --workers` puts into a new one.
+    ensure_config(
+        state / WORKERS_DIR / "config.yaml",
+        state / WORKERS_DIR,
+        lambda _: None,
+        {
+            "homeserver.url": f"http://127.0.0.1:{hs_port}",
+            "appservice.listen.port": as_port,
+            "stub.listen.port": stub_port,
+            "homeserver.event_persisters": 2,
+            "routing.lanes": 2,
+        },
+    )
+    database = PG_DSN.rsplit("/", 1)[0] + f"/rethink_test_up_workers_{os.getpid()}"
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "adapter.cli", "up", "--workers"),
+        *("--state-dir", str(state), "--homeserver-database", database),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    output: list[str] = []
+    try:
+        async with asyncio.timeout(180):
+            while not any(line.startswith("press Ctrl-C") for line in output):
+                line = (await proc.stdout.readline()).decode()
+                assert line, "up --workers exited early:\n" + "".join(output)
+                output.append(line)
+        await _ping_through(stub_port, "workers")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
+        output.append(rest.decode())
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
+            name = database.rsplit("/", 1)[1]
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    text = "".join(output)
+    assert proc.returncode == 0, text
+    assert "2 lane(s) over 2 event persister(s)" in text, text
+    pids = [int(p) for p in re.findall(r"Synapse is up \(pid (\d+)\)", text)]
+    pids += [int(p) for p in re.findall(r"(?:persister\d|appservice1) pid (\d+)", text)]
+    assert len(pids) == 4, text
+    assert not any(_alive(pid) for pid in pids), "a Synapse process outlived `up --workers`"
+
+
+async def test_up_workers_without_redis_says_so(tmp_path: Path) -> None:
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "adapter.cli",
+            "up",
+            "--workers",
+            "--redis",
+            f"127.0.0.1:{free_port()}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Synapse's workers talk over Redis, and none answers" in result.stderr

@@ -1,0 +1,40 @@
+"""A PostgreSQL database for a local Synapse (worker mode needs one): created on first use with
+the C collation Synapse insists on."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from .synapse import LocalStackError
+
+
+async def ensure_homeserver_database(url: str, fresh: bool = False) -> str:
+    """Create the database ``url`` names if it does not exist (dropped first when ``fresh``),
+    connecting to the server's `postgres` database to do so; returns ``url``."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    if not name:
+        raise LocalStackError(f"the homeserver database URL {url!r} names no database")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    try:
+        async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+            if fresh:
+                await conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+            found = await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if await found.fetchone() is None:
+                await conn.execute(
+                    sql.SQL(
+                        "CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' "
+                        "LC_COLLATE 'C' LC_CTYPE 'C'"
+                    ).format(sql.Identifier(name))
+                )
+    except psycopg.Error as exc:
+        raise LocalStackError(
+            f"could not reach or prepare the homeserver's PostgreSQL database ({url}): {exc}"
+        ) from exc
+    return url
