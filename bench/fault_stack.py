@@ -35,12 +35,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from adapter.localstack.federation import federating, server_name_for  # noqa: E402
+from adapter.localstack.homeserver_database import ensure_homeserver_database  # noqa: E402
 from adapter.localstack.synapse import (  # noqa: E402
     SynapseProcess,
     SynapseSettings,
     free_port,
     write_homeserver_config,
 )
+from adapter.localstack.workers import WorkerLayout  # noqa: E402
 from adapter.private_files import dump_private_yaml  # noqa: E402
 from appservice.registration import build_registration  # noqa: E402
 
@@ -194,7 +196,11 @@ class Homeserver:
         tokens: Tokens,
         node_as_port: int,
         server_name: str = SERVER_NAME,
+        workers: int = 0,
     ) -> None:
+        """``workers``: in worker mode, with this many event persisters (on a PostgreSQL
+        database made in ``prepare_database``)."""
+        self.workers = workers
         self.python = python
         registration = work / "registration.yaml"
         dump_private_yaml(
@@ -223,6 +229,27 @@ class Homeserver:
     def url(self) -> str:
         return self.settings.url
 
+    async def prepare_database(self) -> None:
+        """Worker mode only: a fresh PostgreSQL database for Synapse, the workers configured."""
+        if not self.workers:
+            return
+        name = f"rethink_faults_hs_{uuid.uuid4().hex[:10]}"
+        url = await ensure_homeserver_database(
+            f"{PG_ADMIN_DSN.rsplit('/', 1)[0]}/{name}", fresh=True
+        )
+        layout = WorkerLayout.plan(self.workers, free_port)
+        self.reconfigure(dataclasses.replace(self.settings, database_url=url, workers=layout))
+
+    async def drop_database(self) -> None:
+        url = self.settings.database_url
+        if url is None:
+            return
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+            name = url.rsplit("/", 1)[1]
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     def reconfigure(self, settings: SynapseSettings) -> None:
         self.settings = settings
         write_homeserver_config(settings)
@@ -233,13 +260,15 @@ class Homeserver:
             await asyncio.to_thread(self.process.generate_keys)
         self.process.start()
         await self.wait_answering()
+        if self.settings.workers is not None:
+            await self.process.wait_ready()  # starts the workers once the main process answers
 
     def signal(self, sig: int) -> None:
-        assert self.process.pid is not None
-        os.kill(self.process.pid, sig)
+        """The main process and its workers, as a homeserver restart takes them all."""
+        self.process.send_signal(sig)
 
     async def wait_exit(self, timeout: float) -> int | None:
-        return await _wait_exit(self.process.exit_code, timeout)
+        return await _wait_exit(self.process.all_exited, timeout)
 
     async def wait_answering(self, timeout: float = 90) -> None:
         """Answering = /_matrix/client/versions says 200 (polled every 20 ms)."""
@@ -290,13 +319,20 @@ def write_node_config(
     domain: str = DOMAIN,
     server_name: str = SERVER_NAME,
     peers: dict[str, str] | None = None,
+    persisters: int = 0,
 ) -> None:
-    """``peers``: the other domains and their homeservers' server names."""
+    """``peers``: the other domains and their homeservers' server names; ``persisters``: the
+    homeserver's event persisters (worker mode), each with a lane."""
     federation = {d: {"server_name": name} for d, name in (peers or {}).items()}
     dump_private_yaml(
         {
             "domain": domain,
-            "homeserver": {"url": hs_url, "server_name": server_name},
+            "homeserver": {
+                "url": hs_url,
+                "server_name": server_name,
+                "event_persisters": max(1, persisters),
+            },
+            "routing": {"lanes": max(1, persisters)},
             "appservice": {
                 "as_token": tokens.as_token,
                 "hs_token": tokens.hs_token,

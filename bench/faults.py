@@ -480,9 +480,13 @@ class Stack:
         if self.homeserver_proxy is not None:
             await self.homeserver_proxy.close()
         await self.database.drop()
+        await self.homeserver.drop_database()
 
 
-async def start_stack(work: Path, synapse_python: Path, database: str, scenario: str) -> Stack:
+async def start_stack(
+    work: Path, synapse_python: Path, database: str, scenario: str, workers: int = 0
+) -> Stack:
+    """``workers``: this domain's Synapse in worker mode with that many event persisters."""
     tokens = Tokens()
     as_port, stub_port = free_port(), free_port()
     links: tuple[Proxy, Proxy] | None = None
@@ -492,7 +496,7 @@ async def start_stack(work: Path, synapse_python: Path, database: str, scenario:
         for link in links:
             await link.start()  # its address is the homeserver's server name
         server_name["server_name"] = server_name_for(links[0].port)
-    homeserver = Homeserver(synapse_python, work, tokens, as_port, **server_name)
+    homeserver = Homeserver(synapse_python, work, tokens, as_port, workers=workers, **server_name)
     db = Database(database, work, outages=scenario == "database-outage")
     proxy = Proxy(stub_port)
     node = NodeProcess(work / "node.yaml", work / "node.log", as_port, stub_port)
@@ -505,6 +509,7 @@ async def start_stack(work: Path, synapse_python: Path, database: str, scenario:
             federated_pair(homeserver, stack.peer.homeserver, *links, work / "tls")
             peers[PEER_DOMAIN] = stack.peer.homeserver.settings.server_name
         db_url = await db.create()
+        await homeserver.prepare_database()
         hs_url = await hs_proxy.start() if hs_proxy is not None else homeserver.url
         write_node_config(
             node.config,
@@ -515,6 +520,7 @@ async def start_stack(work: Path, synapse_python: Path, database: str, scenario:
             tokens,
             server_name=homeserver.settings.server_name,
             peers=peers,
+            persisters=workers,
         )
         starting = [homeserver.start(), node.migrate()]
         if stack.peer is not None:
@@ -608,7 +614,9 @@ async def run_scenario(
     collector = Collector()
     t0 = time.time()
     try:
-        stack = await start_stack(work, synapse_python, database, name)
+        stack = await start_stack(
+            work, synapse_python, database, name, workers=args.homeserver_workers
+        )
         common = {
             "domain": DOMAIN,
             "url": stack.stub_url,
@@ -1160,6 +1168,11 @@ async def main(args: argparse.Namespace) -> int:
     console.print(
         f"scenarios {', '.join(scenarios)} on {', '.join(args.database)}"
         f"{' (quick)' if args.quick else ''}; {args.stub} stubs; seed {seed}"
+        + (
+            f"; Synapse in worker mode, {args.homeserver_workers} event persisters"
+            if args.homeserver_workers
+            else ""
+        )
     )
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results = []
@@ -1179,6 +1192,7 @@ async def main(args: argparse.Namespace) -> int:
                 "seed": seed,
                 "quick": args.quick,
                 "stub": args.stub,
+                "homeserver_workers": args.homeserver_workers,
                 "plan": dataclasses.asdict(plan),
                 "recovery_limit_s": args.recovery_limit,
                 "machine": {
@@ -1231,6 +1245,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the runtimes' protocol: the bundled stub's acknowledged one (default), or plain, as "
         "a third-party stub speaks it (every message handed to the stub counts as acknowledged: "
         "what such a stub's runtime loses is counted as lost)",
+    )
+    parser.add_argument(
+        "--homeserver-workers",
+        type=int,
+        default=0,
+        metavar="PERSISTERS",
+        help="this domain's Synapse in worker mode (as `rethink-mn up --workers`) with this many "
+        "event persisters, on PostgreSQL and the local Redis; a Synapse fault signals every "
+        "one of its processes",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work dirs of clean runs")
     parser.add_argument(

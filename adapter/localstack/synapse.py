@@ -390,6 +390,8 @@ class SynapseProcess:
                     f"port {self.settings.host}:{port} is already in use: stop what holds it "
                     "or choose another homeserver port"
                 )
+        # A restart: the previous run's workers have exited (their ports were free).
+        self._workers = {}
         self._proc = self._spawn(
             ["synapse.app.homeserver", "-c", str(self.settings.config_file)],
             self.settings.log_file,
@@ -450,6 +452,18 @@ class SynapseProcess:
             if code is not None:
                 return code
         return None
+
+    def send_signal(self, sig: int) -> None:
+        """Signal every process that runs (a homeserver restart takes its workers too)."""
+        for _name, proc in self._processes():
+            if proc.poll() is None:
+                proc.send_signal(sig)
+
+    def all_exited(self) -> int | None:
+        """The main process's exit code once every process has exited; None before."""
+        if any(proc.poll() is None for _name, proc in self._processes()):
+            return None
+        return self._proc.poll() if self._proc else None
 
     def _processes(self) -> list[tuple[str, subprocess.Popen[bytes]]]:
         main = [("main", self._proc)] if self._proc else []
