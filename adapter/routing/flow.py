@@ -51,9 +51,11 @@ _REMEMBERED = 4096
 
 # The content field of an event to a peer that asks its node to confirm at once.
 CONFIRM_NOW = "confirm_now"
-# While its sender keeps up, a peer's node confirms at most this often (peer_feed.py): at 20
-# messages a second, one receipt in four events instead of one per event.
-CONFIRM_EVERY = 0.2
+# While its sender keeps up, a peer's node confirms at most this often (peer_feed.py). Each
+# receipt is a federation transaction for both homeservers: at 0.2 s (five a second) they made
+# the light-load latency across 1.5-2.6 times the bare homeservers'; once a second it is about
+# theirs (docs/benchmark.md). While behind, events ask for confirmation at once instead.
+CONFIRM_EVERY = 1.0
 # The round trip, as a multiple of the floor, above which the peer is behind, and under which
 # it has caught up again. The same line: what keeps the link from flapping is that falling
 # behind also takes a full window, and catching up small events (FEW_MESSAGES). With 1.5 the
@@ -231,10 +233,10 @@ class PeerPace:
     def _patience(self, floor: float | None) -> float:
         """How long an event may wait for its confirmation while the peer keeps up: the peer
         confirms only every ``CONFIRM_EVERY`` then, so an event may wait that long on top of
-        the round trip, and jitter comes on top of both."""
-        if floor is None:
-            return self._max_hold
-        return min(self._max_hold, BEHIND * (floor + CONFIRM_EVERY))
+        the round trip, and jitter comes on top of both. Not capped by ``max_hold``: that
+        bounds holding a full window once behind, and the wait for the next confirmation
+        alone can be longer. With no floor (measured afresh) the path counts as nothing."""
+        return BEHIND * ((floor or 0.0) + CONFIRM_EVERY)
 
     def _falling_behind(self, reason: str) -> None:
         if not self._behind:

@@ -254,3 +254,19 @@ async def test_after_a_restart_the_numbering_goes_on_with_nothing_in_flight() ->
     assert p.in_flight == 1
     assert p.confirmed("$e42")
     assert p.in_flight == 0
+
+
+async def test_events_waiting_for_the_peers_once_a_second_confirmation_are_not_overdue() -> None:
+    # At light load the peer confirms once every CONFIRM_EVERY: an event may wait that long
+    # for its confirmation, on top of the path, even beyond max_hold, and the peer keeps up.
+    p, clock, registry = pace(window=2, max_hold=flow.CONFIRM_EVERY / 2)
+    for n in range(1, 5):
+        round_trip(p, clock, n, 0.08)
+    for n in range(5, 25):  # 20 events in the second before the next confirmation
+        p.sent(n, f"$e{n}")
+        clock.now += flow.CONFIRM_EVERY / 20
+    clock.now += 0.08
+    assert await leaves_at_once(p)
+    assert not p.behind and fell_behind(registry, "overdue") == 0
+    assert p.confirmed("$e24")
+    assert not p.behind
