@@ -295,6 +295,25 @@ class Homeserver:
         return self.process.log_tail(lines)
 
 
+class SynapseWorker:
+    """One worker of a homeserver in worker mode (an event persister), signalled and started
+    again on its own, the main process and the other workers running on."""
+
+    def __init__(self, homeserver: Homeserver, name: str) -> None:
+        self.homeserver = homeserver
+        self.name = name
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.homeserver.process.worker_pids[self.name], sig)
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        process = self.homeserver.process
+        return await _wait_exit(lambda: process.worker_exit_code(self.name), timeout)
+
+    async def start(self) -> None:
+        await self.homeserver.process.restart_worker(self.name)
+
+
 def federated_pair(
     a: Homeserver, b: Homeserver, a_link: Proxy, b_link: Proxy, tls_dir: Path
 ) -> None:

@@ -32,6 +32,10 @@ kept down for a minute, restarted); peer-node-sigkill (B's node killed, restarte
 peer-link-blackhole (the link between the two homeservers drops everything for 30 s: each
 homeserver's federation listener sits behind a proxy that stalls, in both directions).
 
+With --homeserver-workers P (Synapse in worker mode, as `rethink-mn up --workers`): a Synapse
+fault signals the main process and every worker; persister-sigkill kills the first event
+persister alone (lane 0's room is on it) and starts it again.
+
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
 Either way less the messages the node answered with an error (a definite failure).
@@ -87,6 +91,7 @@ from fault_stack import (  # noqa: E402
     HomeserverProxy,
     NodeProcess,
     Proxy,
+    SynapseWorker,
     Tokens,
     federated_pair,
     postgres_reachable,
@@ -112,7 +117,10 @@ SCENARIOS = (
     "peer-synapse-sigkill",
     "peer-node-sigkill",
     "peer-link-blackhole",
+    "persister-sigkill",
 )
+# Scenarios for a homeserver in worker mode only (--homeserver-workers).
+WORKER_SCENARIOS = frozenset({"persister-sigkill"})
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
 PEER_DOMAIN = "peer.faults.local"
 
@@ -412,7 +420,12 @@ class Stack:
     async def restart(self, target: str, sig: signal.Signals, down_s: float = 0.0) -> Fault:
         """Signal ``target`` (node, synapse, peer-node, peer-synapse), wait for it to exit,
         keep it down ``down_s`` seconds and start it again."""
-        procs: dict[str, Homeserver | NodeProcess] = {"node": self.node, "synapse": self.homeserver}
+        procs: dict[str, Homeserver | NodeProcess | SynapseWorker] = {
+            "node": self.node,
+            "synapse": self.homeserver,
+        }
+        if self.homeserver.workers:
+            procs["persister1"] = SynapseWorker(self.homeserver, "persister1")
         if self.peer is not None:
             procs |= {"peer-node": self.peer.node, "peer-synapse": self.peer.homeserver}
         proc = procs[target]
@@ -997,6 +1010,9 @@ def scenario_setup(
         return single, restart("peer-node", signal.SIGKILL)
     if name == "peer-link-blackhole":
         return single, link_blackhole
+    if name == "persister-sigkill":
+        # The first event persister: lane 0's room is on it, lane 1's on the other.
+        return single, restart("persister1", signal.SIGKILL)
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {
@@ -1158,7 +1174,9 @@ def ensure_node_packages() -> None:
 
 async def main(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
-    scenarios = args.scenario or list(SCENARIOS)
+    scenarios = args.scenario or [
+        s for s in SCENARIOS if args.homeserver_workers or s not in WORKER_SCENARIOS
+    ]
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     if "postgresql" in args.database and (why := await postgres_reachable()):
         console.print(f"[red]PostgreSQL not reachable[/]: {why}")
@@ -1265,6 +1283,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.scenario and not set(args.scenario) <= set(SCENARIOS):
         parser.error(f"--scenario takes {', '.join(SCENARIOS)}")
+    if not args.homeserver_workers and set(args.scenario or ()) & WORKER_SCENARIOS:
+        parser.error(f"{', '.join(sorted(WORKER_SCENARIOS))} need --homeserver-workers")
     if not set(args.database) <= {"sqlite", "postgresql"}:
         parser.error("--database takes sqlite, postgresql")
     return args

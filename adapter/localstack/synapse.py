@@ -400,16 +400,36 @@ class SynapseProcess:
     def _start_workers(self) -> None:
         layout = self.settings.workers
         for worker in layout.workers if layout else ():
-            self._workers[worker.name] = self._spawn(
-                [
-                    "synapse.app.generic_worker",
-                    "-c",
-                    str(self.settings.config_file),
-                    "-c",
-                    str(self.settings.worker_config_file(worker)),
-                ],
-                self.settings.worker_log_file(worker),
-            )
+            self._start_worker(worker)
+
+    def _start_worker(self, worker: Worker) -> None:
+        self._workers[worker.name] = self._spawn(
+            [
+                "synapse.app.generic_worker",
+                "-c",
+                str(self.settings.config_file),
+                "-c",
+                str(self.settings.worker_config_file(worker)),
+            ],
+            self.settings.worker_log_file(worker),
+        )
+
+    def worker(self, name: str) -> Worker:
+        layout = self.settings.workers
+        found = next((w for w in (layout.workers if layout else ()) if w.name == name), None)
+        if found is None:
+            raise LocalStackError(f"this homeserver has no worker {name!r}")
+        return found
+
+    async def restart_worker(self, name: str, timeout: float = 60.0) -> None:
+        """Start worker ``name`` again (it has exited) and wait until it is healthy."""
+        worker = self.worker(name)
+        if self._workers[name].poll() is None:
+            raise LocalStackError(f"worker {name} is still running")
+        self._start_worker(worker)
+        url = f"http://{self.settings.host}:{worker.port}/health"
+        async with aiohttp.ClientSession() as session:
+            await self._wait_for(session, url, time.monotonic() + timeout)
 
     def _spawn(self, module_and_args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
         # Synapse's log may quote tokens: owner-only, like everything Synapse itself creates in
@@ -438,6 +458,9 @@ class SynapseProcess:
     @property
     def worker_pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self._workers.items()}
+
+    def worker_exit_code(self, name: str) -> int | None:
+        return self._workers[name].poll()
 
     @property
     def all_pids(self) -> tuple[int, ...]:
