@@ -153,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "up" and not args.workers and (args.homeserver_database or args.redis):
         parser.error("--homeserver-database and --redis go with --workers")
+    if args.command == "up" and args.workers and args.two_domains:
+        parser.error("--workers and --two-domains do not go together (yet)")
     if args.command not in SHARED_OUTPUT_COMMANDS:
         # Group and others get nothing of what this process creates. The writers of secrets
         # create their files 0600 themselves; the umask covers what they do not write

@@ -107,24 +107,26 @@ class Intent:
         return str(parsed.get("room_id", room_id_or_alias))
 
     async def put_alias(self, alias: str, room_id: str) -> bool:
-        """Point ``alias`` at ``room_id``; False if the alias already names a room."""
+        """Point ``alias`` at ``room_id``; False if the alias already names another room."""
         method, path, data = Api.room_put_alias(_NO_TOKEN, alias, room_id)
         try:
             await self._request(
                 method, path, "putAlias", data=data, content_type="application/json"
             )
         except MatrixError as exc:
-            if exc.status == 409:
-                return False
-            raise
+            if exc.status != 409:
+                raise
+            # Taken: by another room, or by this one (a retry whose first attempt went through
+            # and whose answer was lost).
+            return await self.resolve_alias(alias) == room_id
         return True
 
     async def leave_and_forget(self, room_id: str) -> None:
-        for method, path in (
-            Api.room_leave(_NO_TOKEN, room_id),
-            Api.room_forget(_NO_TOKEN, room_id),
+        for (method, path), endpoint in (
+            (Api.room_leave(_NO_TOKEN, room_id), "leave"),
+            (Api.room_forget(_NO_TOKEN, room_id), "forget"),
         ):
-            await self._request(method, path, "leave", json_body={})
+            await self._request(method, path, endpoint, json_body={})
 
     async def invite(self, room_id: str, user_id: str) -> None:
         method, path, data = Api.room_invite(_NO_TOKEN, room_id, user_id)

@@ -35,7 +35,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from adapter.localstack.federation import federating, server_name_for  # noqa: E402
-from adapter.localstack.homeserver_database import ensure_homeserver_database  # noqa: E402
+from adapter.localstack.homeserver_database import (  # noqa: E402
+    drop_homeserver_database,
+    ensure_homeserver_database,
+)
 from adapter.localstack.synapse import (  # noqa: E402
     SynapseProcess,
     SynapseSettings,
@@ -241,14 +244,8 @@ class Homeserver:
         self.reconfigure(dataclasses.replace(self.settings, database_url=url, workers=layout))
 
     async def drop_database(self) -> None:
-        url = self.settings.database_url
-        if url is None:
-            return
-        import psycopg
-
-        async with await psycopg.AsyncConnection.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-            name = url.rsplit("/", 1)[1]
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if self.settings.database_url is not None:
+            await drop_homeserver_database(self.settings.database_url)
 
     def reconfigure(self, settings: SynapseSettings) -> None:
         self.settings = settings
@@ -339,9 +336,10 @@ def write_node_config(
     server_name: str = SERVER_NAME,
     peers: dict[str, str] | None = None,
     persisters: int = 0,
+    lanes: int | None = None,
 ) -> None:
     """``peers``: the other domains and their homeservers' server names; ``persisters``: the
-    homeserver's event persisters (worker mode), each with a lane."""
+    homeserver's event persisters (worker mode); ``lanes``: by default one per persister."""
     federation = {d: {"server_name": name} for d, name in (peers or {}).items()}
     dump_private_yaml(
         {
@@ -351,7 +349,7 @@ def write_node_config(
                 "server_name": server_name,
                 "event_persisters": max(1, persisters),
             },
-            "routing": {"lanes": max(1, persisters)},
+            "routing": {"lanes": lanes or max(1, persisters)},
             "appservice": {
                 "as_token": tokens.as_token,
                 "hs_token": tokens.hs_token,

@@ -34,7 +34,7 @@ homeserver's federation listener sits behind a proxy that stalls, in both direct
 
 With --homeserver-workers P (Synapse in worker mode, as `rethink-mn up --workers`): a Synapse
 fault signals the main process and every worker; persister-sigkill kills the first event
-persister alone (lane 0's room is on it) and starts it again.
+persister alone and starts it again (the node then has one lane, whose room is on it).
 
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
@@ -534,6 +534,8 @@ async def start_stack(
             server_name=homeserver.settings.server_name,
             peers=peers,
             persisters=workers,
+            # One lane, on the first persister: every message meets the persister fault.
+            lanes=1 if scenario == "persister-sigkill" else None,
         )
         starting = [homeserver.start(), node.migrate()]
         if stack.peer is not None:
@@ -1011,7 +1013,7 @@ def scenario_setup(
     if name == "peer-link-blackhole":
         return single, link_blackhole
     if name == "persister-sigkill":
-        # The first event persister: lane 0's room is on it, lane 1's on the other.
+        # The first event persister, where the one lane's room is (start_stack).
         return single, restart("persister1", signal.SIGKILL)
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]

@@ -399,7 +399,10 @@ async def run_group(
 
         async def scenarios(url: str, service: Any, phase: str = phase, arm: str = arm) -> None:
             synapse = stack.synapses.get(phase)
-            pids = {"node": service.proc.pid, "synapse": synapse.pid if synapse else None}
+            pids: crowd.Roots = {
+                "node": service.proc.pid,
+                "synapse": synapse.all_pids if synapse else None,
+            }
             metrics = service.health_url.replace("/health", "/metrics")
             await crowd.run_cell(
                 cell,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
@@ -34,6 +35,29 @@ SERVER_NAME = "mn.test"
 # The appservice id both the `homeserver` and `federation` fixtures register.
 APPSERVICE_ID = "rethink-mn"
 PG_DSN = os.environ.get("RETHINK_MN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+# The machine's Redis, which Synapse's workers replicate over.
+REDIS = ("127.0.0.1", 6379)
+
+
+def missing_service(reason: str) -> NoReturn:
+    """A service a test needs is not there: skipped on a developer's machine, a failure in CI
+    (the machines CI runs on always have it: a skip there hides a defect)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}; CI must run these tests")
+    pytest.skip(f"{reason}; skipped")
+
+
+@pytest.fixture(scope="session")
+def worker_services() -> None:
+    """PostgreSQL and Redis, which Synapse in worker mode needs, answer."""
+    try:
+        socket.create_connection(REDIS, timeout=3).close()
+    except OSError as exc:
+        missing_service(f"Redis not reachable at {REDIS[0]}:{REDIS[1]} ({exc})")
+    try:
+        psycopg.connect(PG_DSN, connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        missing_service(f"PostgreSQL not reachable at {PG_DSN} ({exc})")
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
@@ -210,11 +234,7 @@ class Databases:
         try:
             conn = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True, connect_timeout=5)
         except psycopg.OperationalError as exc:
-            reason = f"PostgreSQL not reachable at {PG_DSN} ({exc})"
-            if os.environ.get("CI") == "true":
-                # The machines CI runs on always have PostgreSQL: a skip there hides a defect.
-                pytest.fail(f"{reason}; CI must run the PostgreSQL tests")
-            pytest.skip(f"{reason}; PostgreSQL tests skipped")
+            missing_service(f"PostgreSQL not reachable at {PG_DSN} ({exc})")
         async with conn:
             await conn.execute(f'CREATE DATABASE "{name}"')
         self.created_pg.append(name)

@@ -11,6 +11,28 @@ from psycopg import sql
 from .synapse import LocalStackError
 
 
+def without_password(url: str) -> str:
+    """``url`` fit to print: its password, if any, replaced."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}{port}"))
+
+
+async def drop_homeserver_database(url: str) -> None:
+    """Drop the database ``url`` names (its connections ended), if it exists."""
+    parts = urlsplit(url)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(parts.path.lstrip("/"))
+            )
+        )
+
+
 async def ensure_homeserver_database(url: str, fresh: bool = False) -> str:
     """Create the database ``url`` names if it does not exist (dropped first when ``fresh``),
     connecting to the server's `postgres` database to do so; returns ``url``."""
@@ -35,6 +57,7 @@ async def ensure_homeserver_database(url: str, fresh: bool = False) -> str:
                 )
     except psycopg.Error as exc:
         raise LocalStackError(
-            f"could not reach or prepare the homeserver's PostgreSQL database ({url}): {exc}"
+            "could not reach or prepare the homeserver's PostgreSQL database "
+            f"({without_password(url)}): {exc}"
         ) from exc
     return url

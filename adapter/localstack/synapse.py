@@ -239,6 +239,8 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
         "suppress_key_server_warning": True,
         "enable_registration": False,
         "url_preview_enabled": False,
+        # Rooms the node created and left (placing lanes on event persisters) are purged.
+        "forgotten_room_retention_period": "1d",
         "presence": {"enabled": False},
         "federation_domain_whitelist": [],
         "macaroon_secret_key": secret("macaroon_secret_key"),
@@ -252,6 +254,9 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
         config = _with_federation(config, settings.host, settings.federation)
     if settings.workers is not None:
         config = _with_workers(config, settings, settings.workers)
+        # Without it the replication endpoints (the main process's and every worker's) take
+        # requests from anyone on the machine.
+        config["worker_replication_secret"] = secret("worker_replication_secret")
     dump_private_yaml(config, settings.config_file)
     return settings.config_file
 
@@ -390,7 +395,11 @@ class SynapseProcess:
                     f"port {self.settings.host}:{port} is already in use: stop what holds it "
                     "or choose another homeserver port"
                 )
-        # A restart: the previous run's workers have exited (their ports were free).
+        still = [name for name, proc in self._workers.items() if proc.poll() is None]
+        if still:
+            raise LocalStackError(
+                f"Synapse's workers {', '.join(still)} still run: stop them first"
+            )
         self._workers = {}
         self._proc = self._spawn(
             ["synapse.app.homeserver", "-c", str(self.settings.config_file)],
@@ -429,7 +438,7 @@ class SynapseProcess:
         self._start_worker(worker)
         url = f"http://{self.settings.host}:{worker.port}/health"
         async with aiohttp.ClientSession() as session:
-            await self._wait_for(session, url, time.monotonic() + timeout)
+            await self._wait_for(session, url, time.monotonic() + timeout, name)
 
     def _spawn(self, module_and_args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
         # Synapse's log may quote tokens: owner-only, like everything Synapse itself creates in
@@ -509,10 +518,15 @@ class SynapseProcess:
                 self._start_workers()
             for worker in layout.workers:
                 await self._wait_for(
-                    session, f"http://{self.settings.host}:{worker.port}/health", deadline
+                    session,
+                    f"http://{self.settings.host}:{worker.port}/health",
+                    deadline,
+                    worker.name,
                 )
 
-    async def _wait_for(self, session: aiohttp.ClientSession, url: str, deadline: float) -> None:
+    async def _wait_for(
+        self, session: aiohttp.ClientSession, url: str, deadline: float, process: str = "main"
+    ) -> None:
         while not await self._answers(session, url):
             exited = self._exited()
             if exited is not None:
@@ -522,7 +536,8 @@ class SynapseProcess:
                 )
             if time.monotonic() > deadline:
                 raise LocalStackError(
-                    f"Synapse did not answer on {url} in time; last log lines:\n{self.log_tail()}"
+                    f"Synapse ({process}) did not answer on {url} in time; last log lines:\n"
+                    f"{self.log_tail(process=process)}"
                 )
             await asyncio.sleep(0.2)
 
@@ -550,8 +565,8 @@ class SynapseProcess:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Workers first, then the main process (the workers' replication goes through it)."""
-        running = [proc for _name, proc in reversed(self._processes()) if proc.poll() is None]
+        """SIGTERM to every process that runs, then wait for each (SIGKILL past ``timeout``)."""
+        running = [proc for _name, proc in self._processes() if proc.poll() is None]
         for proc in running:
             proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -560,7 +575,8 @@ class SynapseProcess:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(5)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
 
     async def stop_async(self, timeout: float = 15.0) -> None:
         await asyncio.to_thread(self.stop, timeout)

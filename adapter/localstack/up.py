@@ -25,7 +25,7 @@ from ..private_files import describe, private_dir, tighten_all, tighten_tree
 from ..storage import migrate
 from ..storage.database import sqlite_files
 from .federation import federating, start_homeservers
-from .homeserver_database import ensure_homeserver_database
+from .homeserver_database import ensure_homeserver_database, without_password
 from .synapse import (
     LocalStackError,
     SynapseProcess,
@@ -227,7 +227,8 @@ async def up(
         if settings.workers is not None:
             pids = ", ".join(f"{name} pid {pid}" for name, pid in synapse.worker_pids.items())
             say(
-                f"Synapse workers are up ({pids}) on {settings.database_url}; "
+                f"Synapse workers are up ({pids}) on "
+                f"{without_password(settings.database_url or '')}; "
                 f"the node writes {config.routing.lanes} lane(s) over "
                 f"{config.homeserver.event_persisters} event persister(s)"
             )

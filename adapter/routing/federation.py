@@ -27,7 +27,7 @@ from appservice.intent import Intent
 from .. import carrier
 from ..carrier import LaneEncoder
 from ..observability import NodeMetrics
-from .flow import CONFIRM_NOW, PeerPace
+from .flow import PeerPace
 from .lanes import Outgoing, StreamOutbox
 from .peers import Peer, Peers
 from .rooms import RoomDirectory
@@ -86,9 +86,7 @@ class PeerLink(StreamOutbox):
         )
 
     def _header(self) -> dict[str, Any]:
-        if self.pace.confirm_now():
-            return {"n": self._n + 1, CONFIRM_NOW: True}
-        return {"n": self._n + 1}
+        return {"n": self._n + 1, **self.pace.asks()}
 
     async def _target(self, refresh: bool) -> tuple[Intent, str]:
         intent, self.room_id = await self._rooms.to_peer(self.peer.domain, self.peer.bot, refresh)

@@ -43,6 +43,7 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import Any
 
 from ..observability import NodeMetrics
 
@@ -53,9 +54,17 @@ _REMEMBERED = 4096
 CONFIRM_NOW = "confirm_now"
 # While its sender keeps up, a peer's node confirms at most this often (peer_feed.py). Each
 # receipt is a federation transaction for both homeservers: at 0.2 s (five a second) they made
-# the light-load latency across 1.5-2.6 times the bare homeservers'; once a second it is about
-# theirs (docs/benchmark.md). While behind, events ask for confirmation at once instead.
+# the light-load latency across 1.17-2.61 times the bare homeservers'; once a second, 0.92-1.05
+# (docs/benchmark.md). While behind, events ask for confirmation at once instead.
 CONFIRM_EVERY = 1.0
+# The sender says in each event how often it expects confirmations (in ms: event content holds
+# no floats), since how long it waits before it calls the peer behind follows from it; the two
+# domains' nodes need not run the same release. A sender that does not say (an older node)
+# expects the 0.2 s it was built with. What a peer asks is kept within bounds: more often than
+# the least is a receipt per event, which `confirm_now` can ask for anyway.
+CONFIRM_EVERY_FIELD = "confirm_every_ms"
+LEGACY_CONFIRM_EVERY = 0.2
+_CONFIRM_EVERY_BOUNDS = (0.05, 5.0)
 # The round trip, as a multiple of the floor, above which the peer is behind, and under which
 # it has caught up again. The same line: what keeps the link from flapping is that falling
 # behind also takes a full window, and catching up small events (FEW_MESSAGES). With 1.5 the
@@ -76,6 +85,16 @@ FLOOR_SAMPLES = 256
 # The weight of a new round trip in the smoothed one (TCP's srtt gain): one slow round trip at
 # light load does not make the peer behind.
 _SMOOTHING = 0.125
+
+
+def confirm_interval(content: dict[str, Any]) -> float:
+    """How often, in seconds, the writer of an event with ``content`` wants its events
+    confirmed while it keeps up."""
+    value = content.get(CONFIRM_EVERY_FIELD)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return LEGACY_CONFIRM_EVERY
+    least, most = _CONFIRM_EVERY_BOUNDS
+    return min(most, max(least, value / 1000))
 
 
 class RoundTrips:
@@ -169,6 +188,16 @@ class PeerPace:
         waits on it), and until the peer has confirmed anything."""
         return bool(self._window) and (self._behind or not self._confirming)
 
+    def asks(self) -> dict[str, Any]:
+        """What the next event's content asks of the peer's confirmations: nothing with flow
+        control off; how often otherwise, and whether at once."""
+        if not self._window:
+            return {}
+        asked: dict[str, Any] = {CONFIRM_EVERY_FIELD: round(CONFIRM_EVERY * 1000)}
+        if self.confirm_now():
+            asked[CONFIRM_NOW] = True
+        return asked
+
     def sent(self, n: int, event_id: str, messages: int = 1) -> None:
         self._sent = n
         self._last_batch = messages
@@ -194,11 +223,14 @@ class PeerPace:
                 break
             self._unconfirmed.popitem(last=False)
         self._confirming = True
-        self._judge()
         if n > self._confirmed:
             self._confirmed = n
             self._gauge.set(self.in_flight)
             self._progress.set()
+        # After the count moved: "the window is full" means what it would hold now, not the
+        # events this receipt just confirmed (with a receipt a second, at a few events a
+        # second, those alone fill it).
+        self._judge()
         return True
 
     def _judge(self) -> None:

@@ -32,7 +32,7 @@ from appservice.intent import Intent
 from .. import carrier
 from ..observability import NodeMetrics
 from .federation import event_number
-from .flow import CONFIRM_EVERY, CONFIRM_NOW
+from .flow import CONFIRM_NOW, LEGACY_CONFIRM_EVERY, confirm_interval
 from .peers import Peer
 
 log = structlog.get_logger(__name__)
@@ -79,6 +79,8 @@ class PeerFeed:
         self._confirmed: str | None = None  # the last event the peer was told is handled
         self._confirming: asyncio.Task[None] | None = None
         self._last_receipt = 0.0  # when the last receipt was sent (monotonic)
+        # How often the peer wants confirmations while it keeps up (its last event says).
+        self._confirm_every = LEGACY_CONFIRM_EVERY
         # Whether an event handled since asked to be confirmed at once (flow.py).
         self._confirm_now = False
         self._asked = asyncio.Event()
@@ -286,9 +288,11 @@ class PeerFeed:
             if isinstance(event_id, str):
                 self._position = event_id
             content = event.get("content")
-            if isinstance(content, dict) and content.get(CONFIRM_NOW) is True:
-                self._confirm_now = True
-                self._asked.set()
+            if isinstance(content, dict):
+                self._confirm_every = confirm_interval(content)
+                if content.get(CONFIRM_NOW) is True:
+                    self._confirm_now = True
+                    self._asked.set()
             delivered = True
         if delivered and self._confirm_handled and self._confirming is None:
             self._confirming = asyncio.create_task(
@@ -299,13 +303,13 @@ class PeerFeed:
     async def _confirm(self) -> None:
         """Tell the peer's node how far its events are handled: a read receipt on the last one,
         which its flow control waits for (flow.py). One receipt in flight; the next one is for
-        whatever was handled meanwhile, at most every ``CONFIRM_EVERY`` seconds unless an event
-        asked for it at once (the peer is holding what it sends until it hears). A failed one
-        is not retried: the next event handled sends another, and the peer does not wait for
-        ever without."""
+        whatever was handled meanwhile, at most as often as the peer's events ask (flow.py's
+        ``CONFIRM_EVERY``; 0.2 s for a node that does not say), unless an event asked for it at
+        once (the peer is holding what it sends until it hears). A failed one is not retried:
+        the next event handled sends another, and the peer does not wait for ever without."""
         try:
             while self._position is not None and self._position != self._confirmed:
-                wait = self._last_receipt + CONFIRM_EVERY - time.monotonic()
+                wait = self._last_receipt + self._confirm_every - time.monotonic()
                 if wait > 0 and not self._confirm_now:
                     self._asked.clear()
                     with contextlib.suppress(TimeoutError):

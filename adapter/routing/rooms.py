@@ -26,9 +26,10 @@ FROM_PEER = "from-peer"  # written by a peer domain's node, read by this one
 # every server that holds the room).
 WRITER_POWER = 100
 WRITER_ONLY = {"events_default": WRITER_POWER, "state_default": WRITER_POWER}
-# Rooms created in search of one on a given event persister before settling for any: each try
-# lands on the wanted one with a chance of 1/persisters.
-PLACEMENT_ATTEMPTS = 24
+# Rooms created in search of one on a given event persister, per persister, before settling
+# for any: each try lands on the wanted one with a chance of 1/persisters, so all of them miss
+# with a chance of about e^-6 (0.25 %).
+PLACEMENT_ATTEMPTS_PER_PERSISTER = 6
 
 log = structlog.get_logger(__name__)
 
@@ -187,7 +188,7 @@ class RoomDirectory:
         alias is pointed at it. A room the alias already names is kept wherever it is."""
         intent = self._api.bot
         alias = self._api.alias(localpart)
-        for _ in range(PLACEMENT_ATTEMPTS):
+        for _ in range(PLACEMENT_ATTEMPTS_PER_PERSISTER * self._persisters):
             if (existing := await intent.resolve_alias(alias)) is not None:
                 await intent.join(existing)
                 return existing
@@ -198,4 +199,6 @@ class RoomDirectory:
                 return room_id
             await intent.leave_and_forget(room_id)
         log.warning("room not placed on its event persister", alias=alias, persister=persister)
-        return await intent.create_room(alias_localpart=localpart, name=name)
+        room_id = await intent.create_room(alias_localpart=localpart, name=name)
+        await intent.join(room_id)
+        return room_id

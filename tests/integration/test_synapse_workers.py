@@ -4,6 +4,8 @@ one PostgreSQL database and the machine's Redis, as `rethink-mn up --workers` ru
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +15,10 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from adapter.localstack.homeserver_database import ensure_homeserver_database
+from adapter.localstack.homeserver_database import (
+    drop_homeserver_database,
+    ensure_homeserver_database,
+)
 from adapter.localstack.synapse import (
     SynapseProcess,
     SynapseSettings,
@@ -28,15 +33,16 @@ from ..support.runtime import PyRuntime
 
 pytestmark = [pytest.mark.integration]
 DOMAIN = "mn.test"
-# Its own server name: Synapse's replication channels on Redis are named after it.
-SERVER_NAME = "workers.mn.test"
+# Its own server name: Synapse's replication channels on Redis are named after it, and another
+# worker-mode homeserver may use the same Redis.
+SERVER_NAME = f"workers-{uuid.uuid4().hex[:8]}.mn.test"
 PERSISTERS = 2
 BATCH = "eu.rethink-project.mn.batch"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def worker_homeserver(
-    synapse_python: Path, tmp_path: Path
+    synapse_python: Path, tmp_path: Path, worker_services: None
 ) -> AsyncIterator[tuple[Homeserver, str]]:
     """A homeserver with two event persisters and an appservice-push worker; its database URL."""
     database = await ensure_homeserver_database(
@@ -63,9 +69,7 @@ async def worker_homeserver(
         yield Homeserver(settings.url, SERVER_NAME, as_token, hs_token, as_port, process), database
     finally:
         await process.stop_async()
-        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
-            name = database.rsplit("/", 1)[1]
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await drop_homeserver_database(database)
 
 
 async def _persisted_by(database: str) -> dict[str, set[str]]:
@@ -137,10 +141,25 @@ async def test_lanes_spread_over_event_persisters_and_the_push_comes_from_its_wo
         assert {room: persisted[room] for room in lanes} == {
             room: {f"persister{index + 1}"} for index, room in enumerate(lanes)
         }
-        # The node's own lane events come back in the push, from the appservice worker: the
-        # main process pushes nothing.
+        # The node's own lane events come back in the push, and only the appservice worker
+        # pushes: stopped, nothing comes; let go, what waited comes.
         async with asyncio.timeout(30):
             while await _transactions_pushed(node.appservice_port) == 0:
+                await asyncio.sleep(0.2)
+        pusher = homeserver.process.worker_pids["appservice1"]
+        os.kill(pusher, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(1.0)  # what it was pushing when stopped
+            before = await _transactions_pushed(node.appservice_port)
+            [frm] = await senders[0].allocate(DOMAIN)
+            await senders[0].send({"id": 9, "type": "create", "from": frm, "to": to, "body": {}})
+            assert (await receiver.receive(15))["id"] == 9
+            await asyncio.sleep(2.0)
+            assert await _transactions_pushed(node.appservice_port) == before
+        finally:
+            os.kill(pusher, signal.SIGCONT)
+        async with asyncio.timeout(30):
+            while await _transactions_pushed(node.appservice_port) == before:
                 await asyncio.sleep(0.2)
     finally:
         for runtime in (*senders, receiver):

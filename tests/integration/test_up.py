@@ -209,8 +209,9 @@ async def test_up_two_domains_runs_both_and_stops_cleanly(
 
 
 async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everything(
-    synapse_python: Path, tmp_path: Path
+    synapse_python: Path, tmp_path: Path, worker_services: None
 ) -> None:
+    from adapter.localstack.homeserver_database import drop_homeserver_database
     from adapter.localstack.up import WORKERS_DIR, ensure_config
 
     from ..conftest import PG_DSN
@@ -225,6 +226,9 @@ async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everythin
         lambda _: None,
         {
             "homeserver.url": f"http://127.0.0.1:{hs_port}",
+            # Synapse names its Redis channels after it: not `localhost`, which a `make
+            # up-workers` on this machine may be using.
+            "homeserver.server_name": f"up-workers-{os.getpid()}.localhost",
             "appservice.listen.port": as_port,
             "stub.listen.port": stub_port,
             "homeserver.event_persisters": 2,
@@ -252,11 +256,7 @@ async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everythin
         proc.send_signal(signal.SIGTERM)
         rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
         output.append(rest.decode())
-        import psycopg
-
-        async with await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True) as conn:
-            name = database.rsplit("/", 1)[1]
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await drop_homeserver_database(database)
     text = "".join(output)
     assert proc.returncode == 0, text
     assert "2 lane(s) over 2 event persister(s)" in text, text

@@ -270,3 +270,43 @@ async def test_events_waiting_for_the_peers_once_a_second_confirmation_are_not_o
     assert not p.behind and fell_behind(registry, "overdue") == 0
     assert p.confirmed("$e24")
     assert not p.behind
+
+
+async def test_steady_load_confirmed_once_a_second_keeps_up() -> None:
+    # Five events a second, the peer confirming once a second the last event it handled, which
+    # waited there a while: the round trips are above twice the floor of light load, but what
+    # the window would hold after each receipt is one event, so nothing is behind.
+    p, clock, registry = pace(window=4)
+    for n in range(1, 5):
+        round_trip(p, clock, n, 0.05)
+    n = 4
+    for _second in range(20):
+        for _ in range(5):
+            n += 1
+            p.sent(n, f"$e{n}")
+            clock.now += 0.2
+        assert p.confirmed(f"$e{n - 1}")  # sent 0.4 s ago
+        assert not p.behind
+    assert fell_behind(registry, "round_trip") == fell_behind(registry, "overdue") == 0
+    assert await leaves_at_once(p)
+
+
+def test_events_say_how_often_they_want_confirmations() -> None:
+    off, _clock, _registry = pace(window=0)
+    assert off.asks() == {}
+    p, clock, _registry = pace(window=2)
+    every = round(flow.CONFIRM_EVERY * 1000)
+    # Until the peer has confirmed anything, at once.
+    assert p.asks() == {flow.CONFIRM_EVERY_FIELD: every, flow.CONFIRM_NOW: True}
+    round_trip(p, clock, 1, 0.05)
+    assert p.asks() == {flow.CONFIRM_EVERY_FIELD: every}
+
+
+def test_the_confirmation_interval_a_peer_asks_for_is_bounded() -> None:
+    interval = flow.confirm_interval
+    assert interval({}) == flow.LEGACY_CONFIRM_EVERY  # a node from before the field
+    assert interval({flow.CONFIRM_EVERY_FIELD: 1000}) == 1.0
+    assert interval({flow.CONFIRM_EVERY_FIELD: 1}) == 0.05
+    assert interval({flow.CONFIRM_EVERY_FIELD: 10**12}) == 5.0
+    for odd in (1.0, True, "1000", None, [1000]):
+        assert interval({flow.CONFIRM_EVERY_FIELD: odd}) == flow.LEGACY_CONFIRM_EVERY
