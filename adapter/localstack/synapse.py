@@ -172,13 +172,9 @@ class SynapseSettings:
     def ports(self) -> tuple[int, ...]:
         """The client port, then the federation port (with federation), then the workers'."""
         federation = () if self.federation is None else (self.federation.port,)
-        workers = () if self.workers is None else (self.workers.main_port,)
-        return (
-            self.port,
-            *federation,
-            *workers,
-            *(w.port for w in (self.workers.workers if self.workers else ())),
-        )
+        layout = self.workers
+        workers = () if layout is None else (layout.main_port, *(w.port for w in layout.workers))
+        return (self.port, *federation, *workers)
 
     @property
     def config_file(self) -> Path:
