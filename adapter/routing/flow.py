@@ -175,6 +175,12 @@ class PeerPace:
         return self._behind
 
     @property
+    def patience(self) -> float:
+        """How long the oldest event in flight may wait for its confirmation before the peer
+        counts as behind (while it keeps up)."""
+        return self._patience(self._round_trips.floor)
+
+    @property
     def in_flight(self) -> int:
         """Events persisted here that the peer's node has not confirmed."""
         return self._sent - self._confirmed
@@ -259,7 +265,7 @@ class PeerPace:
         """No confirmation for too long says the peer is behind, before any round trip can."""
         if not self._behind and self._unconfirmed:
             _first, (_n, persisted) = next(iter(self._unconfirmed.items()))
-            if self._clock() - persisted > self._patience(self._round_trips.floor):
+            if self._clock() - persisted > self.patience:
                 self._falling_behind("overdue")
 
     def _patience(self, floor: float | None) -> float:

@@ -220,9 +220,9 @@ async def test_a_far_side_that_falls_behind_gets_fewer_larger_events_and_everyth
 ) -> None:
     """Flow control across domains: B's node confirms what it has handled (read receipts); when
     it stops (its homeserver frozen, as a far side far behind), A counts it as behind once the
-    oldest event in flight is overdue (within MAX_HOLD), then keeps at most WINDOW events
-    unconfirmed and sends one event per MAX_HOLD, carrying everything that waited. When B comes
-    back, every message arrives, in order, once."""
+    oldest event in flight is overdue (2 x (its floor + the confirmation interval)), then keeps
+    at most WINDOW events unconfirmed and sends one event per MAX_HOLD, carrying everything
+    that waited. When B comes back, every message arrives, in order, once."""
     alice = await PyRuntime(domains.stub(domains.a), f"runtime://{A}/x-fast", acked=True).connect()
     bob = await PyRuntime(domains.stub(domains.b), f"runtime://{B}/x-slow", acked=True).connect()
     b_synapse = federation.b.process.pid
@@ -241,11 +241,13 @@ async def test_a_far_side_that_falls_behind_gets_fewer_larger_events_and_everyth
             while not link.pace.confirming or link.pace.in_flight:
                 await asyncio.sleep(0.05)
 
+        patience = link.pace.patience
         os.kill(b_synapse, signal.SIGSTOP)
         frozen = True
         before = link.pace.last_sent
         started = time.monotonic()
-        total = 200
+        # Long enough that most of it is sent after the silence is overdue.
+        total = 5 + round(3 * patience / 0.01)
         for i in range(5, total):
             await alice.send(ping(i, a, b))
             await asyncio.sleep(0.01)
@@ -256,9 +258,9 @@ async def test_a_far_side_that_falls_behind_gets_fewer_larger_events_and_everyth
         events = link.pace.last_sent - before
         # Without flow control each of these messages left in an event of its own (A's
         # homeserver answers within milliseconds; they were sent 10 ms apart). With it, one
-        # event per message only until the silence is overdue (at most MAX_HOLD), then the
-        # window, then one event per MAX_HOLD.
-        overdue_within = MAX_HOLD / 0.01
+        # event per message only until the silence is overdue, then the window, then one event
+        # per MAX_HOLD.
+        overdue_within = patience / 0.01
         assert events <= overdue_within + WINDOW + elapsed / MAX_HOLD + 2, (events, elapsed)
         assert events < (total - 5) / 2, (events, elapsed)
         assert link.pace.behind

@@ -33,7 +33,7 @@ from fault_check import (  # noqa: E402
     recovery_times,
 )
 from fault_stack import HomeserverProxy, Proxy, postgres_reachable  # noqa: E402
-from faults import SCENARIOS, verdict_ok  # noqa: E402
+from faults import SCENARIOS, WORKER_SCENARIOS, verdict_ok  # noqa: E402
 
 RECOVERY_LIMIT_S = 5.0
 # Every scenario runs on SQLite; on PostgreSQL those where the node's database is what the
@@ -375,23 +375,37 @@ async def test_the_runtime_reports_acknowledged_prefix_refusals_and_arrivals(
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
-async def test_quick_fault_suite(database: str, tmp_path: Path, synapse_python: Path) -> None:
+@pytest.mark.parametrize("mode", ["sqlite", "postgresql", "synapse-workers"])
+async def test_quick_fault_suite(
+    mode: str, tmp_path: Path, synapse_python: Path, request: pytest.FixtureRequest
+) -> None:
+    """``mode``: the node's database, or (synapse-workers) Synapse in worker mode, its faults:
+    the homeserver killed with its workers, one event persister killed alone."""
     for folder in ("stub_js", "bench"):
         if not (ROOT / folder / "node_modules" / "ws").exists():
             pytest.fail(f"{folder} dependencies missing: run `npm ci` in {folder}")
-    if database == "postgresql" and (why := await postgres_reachable()):
+    if mode == "postgresql" and (why := await postgres_reachable()):
         if os.environ.get("CI") == "true":
             pytest.fail(f"PostgreSQL not reachable ({why}); CI must run the PostgreSQL faults")
         pytest.skip(f"PostgreSQL not reachable ({why}); the PostgreSQL fault run is skipped")
+    workers: list[str] = []
+    if mode == "synapse-workers":
+        request.getfixturevalue("worker_services")
+        workers = ["--homeserver-workers", "2"]
+        scenarios: tuple[str, ...] = ("synapse-sigkill", *sorted(WORKER_SCENARIOS))
+    elif mode == "sqlite":
+        scenarios = tuple(s for s in SCENARIOS if s not in WORKER_SCENARIOS)
+    else:
+        scenarios = POSTGRESQL_SCENARIOS
+    database = "postgresql" if mode == "postgresql" else "sqlite"
     out = tmp_path / "faults.json"
-    scenarios = SCENARIOS if database == "sqlite" else POSTGRESQL_SCENARIOS
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "bench/faults.py",
         "--quick",
         "--scenario",
         ",".join(scenarios),
+        *workers,
         "--database",
         database,
         "--recovery-limit",
