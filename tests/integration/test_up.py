@@ -47,6 +47,16 @@ async def _ping_through(stub_port: int, tag: str) -> None:
         await bob.close()
 
 
+async def _read_until_ready(proc: asyncio.subprocess.Process, output: list[str]) -> None:
+    """``up``'s output into ``output`` until it says it is ready (within 3 minutes)."""
+    assert proc.stdout is not None
+    async with asyncio.timeout(180):
+        while not any(line.startswith("press Ctrl-C") for line in output):
+            line = (await proc.stdout.readline()).decode()
+            assert line, "up exited early:\n" + "".join(output)
+            output.append(line)
+
+
 async def _run_up_once(tmp_path: Path, as_port: int, stub_port: int, stop: signal.Signals) -> None:
     """`up` in ``tmp_path`` until healthy, a ping routed through it, then ``stop``: a clean
     exit with Synapse gone."""
@@ -183,11 +193,7 @@ async def test_up_two_domains_runs_both_and_stops_cleanly(
     assert proc.stdout is not None
     output: list[str] = []
     try:
-        async with asyncio.timeout(180):
-            while not any(line.startswith("press Ctrl-C") for line in output):
-                line = (await proc.stdout.readline()).decode()
-                assert line, "up --two-domains exited early:\n" + "".join(output)
-                output.append(line)
+        await _read_until_ready(proc, output)
         async with aiohttp.ClientSession() as session:
             for domain in domains:
                 url = f"http://127.0.0.1:{domain.appservice_port}/health"
@@ -246,11 +252,7 @@ async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everythin
     assert proc.stdout is not None
     output: list[str] = []
     try:
-        async with asyncio.timeout(180):
-            while not any(line.startswith("press Ctrl-C") for line in output):
-                line = (await proc.stdout.readline()).decode()
-                assert line, "up --workers exited early:\n" + "".join(output)
-                output.append(line)
+        await _read_until_ready(proc, output)
         await _ping_through(stub_port, "workers")
     finally:
         proc.send_signal(signal.SIGTERM)
