@@ -54,7 +54,7 @@ _REMEMBERED = 4096
 CONFIRM_NOW = "confirm_now"
 # While its sender keeps up, a peer's node confirms at most this often (peer_feed.py). Each
 # receipt is a federation transaction for both homeservers: at 0.2 s (five a second) they made
-# the light-load latency across 1.17-2.61 times the bare homeservers'; once a second, 0.92-1.05
+# the light-load latency across 1.17-2.61 times the bare homeservers'; once a second, 0.92-1.22
 # (docs/benchmark.md). While behind, events ask for confirmation at once instead.
 CONFIRM_EVERY = 1.0
 # The sender says in each event how often it expects confirmations (in ms: event content holds
@@ -177,8 +177,12 @@ class PeerPace:
     @property
     def patience(self) -> float:
         """How long the oldest event in flight may wait for its confirmation before the peer
-        counts as behind (while it keeps up)."""
-        return self._patience(self._round_trips.floor)
+        counts as behind (while it keeps up): the peer confirms only every ``CONFIRM_EVERY``
+        then, so an event may wait that long on top of the round trip (its floor; none when
+        measured afresh), and jitter comes on top of both. Not capped by ``max_hold``: that
+        bounds holding a full window once behind, and the wait for the next confirmation alone
+        can be longer."""
+        return BEHIND * ((self._round_trips.floor or 0.0) + CONFIRM_EVERY)
 
     @property
     def in_flight(self) -> int:
@@ -267,14 +271,6 @@ class PeerPace:
             _first, (_n, persisted) = next(iter(self._unconfirmed.items()))
             if self._clock() - persisted > self.patience:
                 self._falling_behind("overdue")
-
-    def _patience(self, floor: float | None) -> float:
-        """How long an event may wait for its confirmation while the peer keeps up: the peer
-        confirms only every ``CONFIRM_EVERY`` then, so an event may wait that long on top of
-        the round trip, and jitter comes on top of both. Not capped by ``max_hold``: that
-        bounds holding a full window once behind, and the wait for the next confirmation
-        alone can be longer. With no floor (measured afresh) the path counts as nothing."""
-        return BEHIND * ((floor or 0.0) + CONFIRM_EVERY)
 
     def _falling_behind(self, reason: str) -> None:
         if not self._behind:
