@@ -94,7 +94,8 @@ def confirm_interval(content: dict[str, Any]) -> float:
     if not isinstance(value, int) or isinstance(value, bool):
         return LEGACY_CONFIRM_EVERY
     least, most = _CONFIRM_EVERY_BOUNDS
-    return min(most, max(least, value / 1000))
+    # Clamped as an integer first: a huge one would not even divide into a float.
+    return max(least, min(value, round(most * 1000)) / 1000)
 
 
 class RoundTrips:

@@ -308,5 +308,7 @@ def test_the_confirmation_interval_a_peer_asks_for_is_bounded() -> None:
     assert interval({flow.CONFIRM_EVERY_FIELD: 1000}) == 1.0
     assert interval({flow.CONFIRM_EVERY_FIELD: 1}) == 0.05
     assert interval({flow.CONFIRM_EVERY_FIELD: 10**12}) == 5.0
+    assert interval({flow.CONFIRM_EVERY_FIELD: 10**400}) == 5.0
+    assert interval({flow.CONFIRM_EVERY_FIELD: -(10**400)}) == 0.05
     for odd in (1.0, True, "1000", None, [1000]):
         assert interval({flow.CONFIRM_EVERY_FIELD: odd}) == flow.LEGACY_CONFIRM_EVERY
