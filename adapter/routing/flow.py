@@ -64,7 +64,7 @@ CONFIRM_EVERY = 1.0
 # the least is a receipt per event, which `confirm_now` can ask for anyway.
 CONFIRM_EVERY_FIELD = "confirm_every_ms"
 LEGACY_CONFIRM_EVERY = 0.2
-_CONFIRM_EVERY_BOUNDS = (0.05, 5.0)
+_CONFIRM_EVERY_BOUNDS_MS = (50, 5000)
 # The round trip, as a multiple of the floor, above which the peer is behind, and under which
 # it has caught up again. The same line: what keeps the link from flapping is that falling
 # behind also takes a full window, and catching up small events (FEW_MESSAGES). With 1.5 the
@@ -93,9 +93,9 @@ def confirm_interval(content: dict[str, Any]) -> float:
     value = content.get(CONFIRM_EVERY_FIELD)
     if not isinstance(value, int) or isinstance(value, bool):
         return LEGACY_CONFIRM_EVERY
-    least, most = _CONFIRM_EVERY_BOUNDS
-    # Clamped as an integer first: a huge one would not even divide into a float.
-    return max(least, min(value, round(most * 1000)) / 1000)
+    least, most = _CONFIRM_EVERY_BOUNDS_MS
+    # Clamped as an integer: a huge one would not even divide into a float.
+    return max(least, min(value, most)) / 1000
 
 
 class RoundTrips:
