@@ -190,7 +190,6 @@ async def test_up_two_domains_runs_both_and_stops_cleanly(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    assert proc.stdout is not None
     output: list[str] = []
     try:
         await _read_until_ready(proc, output)
@@ -249,7 +248,6 @@ async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everythin
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    assert proc.stdout is not None
     output: list[str] = []
     try:
         await _read_until_ready(proc, output)
