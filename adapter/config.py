@@ -370,6 +370,40 @@ class DashboardConfig(_Strict):
     spark_driver_memory: str = "1g"
 
 
+_PROCESS_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+class ClusterConfig(_Strict):
+    """One domain served by several node processes, on one machine or several, against one
+    homeserver and one PostgreSQL database (README "Several node processes")."""
+
+    # This process's name, unique among the domain's processes and kept across its restarts
+    # (its lanes, its recovery positions and the sessions it holds are named after it). None:
+    # the domain's only process.
+    process: str | None = None
+    # How often the process tells the others it is alive ...
+    heartbeat_seconds: float = Field(default=2.0, gt=0, le=60)
+    # ... and how long without it before the others take it for gone.
+    gone_after_seconds: float = Field(default=10.0, gt=0, le=600)
+
+    @field_validator("process")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _PROCESS_NAME_RE.match(value):
+            raise ValueError("must be 1-32 characters of a-z, 0-9, '_' and '-', starting alnum")
+        return value
+
+    @model_validator(mode="after")
+    def _heartbeat_within(self) -> ClusterConfig:
+        if self.gone_after_seconds <= 2 * self.heartbeat_seconds:
+            raise ValueError("gone_after_seconds must exceed twice heartbeat_seconds")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.process is not None
+
+
 class LoggingConfig(_Strict):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] = "console"
@@ -391,6 +425,7 @@ class NodeConfig(_Strict):
     registry: DomainRegistryConfig = DomainRegistryConfig()
     global_registry: ConnectorConfig = ConnectorConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    cluster: ClusterConfig = ClusterConfig()
     logging: LoggingConfig = LoggingConfig()
 
     @property
@@ -403,6 +438,21 @@ class NodeConfig(_Strict):
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(listen.host, listen.host)
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{listen.port}"
+
+    @model_validator(mode="after")
+    def _cluster_needs(self) -> NodeConfig:
+        if not self.cluster.enabled:
+            return self
+        if not self.database.url.startswith(("postgresql", "postgres")):
+            raise ValueError(
+                "cluster.process needs database.url on PostgreSQL: the processes share it"
+            )
+        if self.federation.enabled:
+            raise ValueError(
+                "cluster.process cannot be combined with federation.peers yet: a room to a "
+                "peer domain has one writer"
+            )
+        return self
 
     @field_validator("domain")
     @classmethod

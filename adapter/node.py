@@ -32,6 +32,9 @@ from appservice.server import AppserviceServer, TransactionHandler
 
 from . import carrier
 from .carrier import Sender
+from .cluster.membership import Membership
+from .cluster.shared_routes import SharedRoutes, application_name
+from .cluster.sibling_lanes import SiblingLanes
 from .config import NodeConfig
 from .identity.authenticator import Authenticator
 from .identity.matrix import MatrixTokenVerifier
@@ -61,7 +64,7 @@ from .routing.lanes import Lane, Lanes, Outboxes
 from .routing.peer_traffic import PeerFeeds
 from .routing.peers import Peers
 from .routing.policy import PolicyEngine
-from .routing.publisher import NODE_ORIGIN, Publisher
+from .routing.publisher import Publisher, node_origin
 from .routing.recovery import LaneRecovery
 from .routing.rooms import RoomDirectory
 from .routing.settlement import Settlement
@@ -78,6 +81,7 @@ from .sessions.tokens import SessionTokens
 from .storage.checkpoints import CheckpointStore
 from .storage.database import Database
 from .storage.pending import PendingStore
+from .storage.processes import ProcessStore
 from .storage.remote import RemoteSubscriptionStore
 from .storage.rooms import RoomStore
 from .storage.routes import RouteStore
@@ -122,14 +126,16 @@ class Node:
         self.as_metrics = AppserviceMetrics(collector)
 
         # Storage.
+        process = cfg.cluster.process
         self.db = Database(
             cfg.database.url,
             echo=cfg.database.echo,
             synchronous_commit=cfg.database.synchronous_commit,
+            application_name=application_name(process) if process is not None else None,
         )
-        self._session_rows = SessionStore(self.db)
+        self._session_rows = SessionStore(self.db, holder=process)
         self._pending = PendingStore(self.db)
-        self._checkpoints = CheckpointStore(self.db)
+        self._checkpoints = CheckpointStore(self.db, process or "")
         self._secrets = SecretStore(self.db)
         self._transactions = SqlTransactionStore(self.db)
         self.routes = RouteStore(self.db)
@@ -156,6 +162,7 @@ class Node:
             cfg.appservice.user_prefix,
             cfg.appservice.alias_prefix,
             persisters=cfg.homeserver.event_persisters,
+            process=process,
         )
 
         # Routing state and sessions.
@@ -189,6 +196,7 @@ class Node:
             cfg.stub.max_detached_sessions,
             self.metrics.sessions_evicted.inc,
             lambda parcels: self._spawn(self.delivery.unreceived(parcels)),
+            process,
         )
         self.metrics.sessions.set_function(lambda: len(self.sessions))
         self.metrics.tasks.set_function(lambda: len(asyncio.all_tasks()))
@@ -222,7 +230,7 @@ class Node:
             )
         self.publisher = Publisher(
             self.outboxes,
-            Sender(NODE_ORIGIN, domain_registry_address(cfg.domain), self.api.bot.user_id),
+            Sender(node_origin(process), domain_registry_address(cfg.domain), self.api.bot.user_id),
             self.table,
             self.federation,
         )
@@ -272,6 +280,21 @@ class Node:
             cfg.routing.backpressure_seconds,
             self.federation,
         )
+        # The domain's other node processes, when it runs several: their lanes are read here,
+        # and what they change in the routing state reaches this process's table.
+        self.siblings: SiblingLanes | None = None
+        self._processes: ProcessStore | None = None
+        self._shared_routes: SharedRoutes | None = None
+        self.membership: Membership | None = None
+        if process is not None:
+            assert self.rooms.lane_reader is not None
+            self.siblings = SiblingLanes(
+                self.api.bot, self.rooms.lane_reader, self.delivery, self.settlement, self.metrics
+            )
+            self._processes = ProcessStore(self.db)
+            self._shared_routes = SharedRoutes(
+                self.db, process, self.table, self._reload_shared_routes, self._processes_changed
+            )
         self.inbound = InboundEvents(self.metrics)
         if self.peer_feeds is not None:
             self.inbound.subscribe("m.room.member", self.peer_feeds.on_member_events)
@@ -451,6 +474,13 @@ class Node:
 
     async def start(self) -> None:
         cfg = self.config
+        if self._shared_routes is not None:
+            assert self._processes is not None
+            await self._processes.install_announcements()
+            # Listening before the state is read: no change falls between the two.
+            self._shared_routes.start()
+            async with asyncio.timeout(cfg.homeserver.request_timeout_seconds):
+                await self._shared_routes.listening.wait()
         await self._load_state()
 
         as_app = web.Application(client_max_size=cfg.appservice.max_body_bytes)
@@ -503,6 +533,10 @@ class Node:
             ]
         if self.peer_feeds is not None:
             await self.peer_feeds.start(positions)
+        if self.siblings is not None:
+            self._tasks.append(
+                asyncio.create_task(self._join_cluster(positions), name="cluster-join")
+            )
         if self.dashboard is not None:
             self.dashboard.start()
         if self._dashboard_worker is not None:
@@ -537,17 +571,72 @@ class Node:
         self.delivery.marks.update(marks)
         await self._rule_store.load()
         await self.sessions.load(epoch, await self._pending.stored())
+        await self._load_routes(lambda _session_id: True)
+        for address, domain, runtime in await self._remote_subscriptions.all():
+            self.table.subscribe_domain(domain, runtime, [address])
+
+    async def _load_routes(self, include: Callable[[int], bool]) -> None:
+        """The routes of the sessions ``include`` admits, as the database has them: every
+        session's, the other processes' too (their runtimes are addresses here)."""
+        if self.config.cluster.enabled:
+            for session_id, runtime_url in await self._session_rows.runtimes():
+                if include(session_id) and self.sessions.get(session_id) is None:
+                    self.table.add_runtime(session_id, runtime_url)
         by_key: dict[tuple[int, str | None], list[str]] = {}
         for row in await self.routes.allocations():
-            by_key.setdefault((row.session_id, row.allocation_key), []).append(row.address)
+            if include(row.session_id):
+                by_key.setdefault((row.session_id, row.allocation_key), []).append(row.address)
         for (session_id, key), addresses in by_key.items():
             self.table.add_allocations(session_id, addresses, key)
         for address, session_id in await self.routes.subscriptions():
-            self.table.subscribe(session_id, [address])
+            if include(session_id):
+                self.table.subscribe(session_id, [address])
         for address, session_id in await self.routes.learned():
-            self.table.learn(session_id, address)
-        for address, domain, runtime in await self._remote_subscriptions.all():
-            self.table.subscribe_domain(domain, runtime, [address])
+            if include(session_id):
+                self.table.learn(session_id, address)
+
+    async def _reload_shared_routes(self) -> None:
+        """The other processes' part of the routing table, read again whole (what they
+        changed while this process did not listen was not heard)."""
+
+        def elsewhere(session_id: int) -> bool:
+            return self.sessions.get(session_id) is None
+
+        for session_id in self.table.sessions():
+            if elsewhere(session_id):
+                self.table.remove_session(session_id)
+        await self._load_routes(elsewhere)
+
+    async def _processes_changed(self) -> None:
+        if self.membership is not None:
+            await self.membership.refresh()
+
+    async def _join_cluster(self, positions: dict[str, str]) -> None:
+        """Once this process's lanes are ready: announce them, and read the others'."""
+        assert self.lanes is not None and self.siblings is not None
+        cluster = self.config.cluster
+        assert self._processes is not None and cluster.process is not None
+        lanes = list(self.lanes)
+        for lane in lanes:
+            await lane.ready.wait()
+        membership = Membership(
+            self._processes,
+            cluster.process,
+            self.siblings,
+            positions,
+            cluster.heartbeat_seconds,
+            cluster.gone_after_seconds,
+        )
+        delay = 0.25
+        while True:
+            try:
+                await membership.join([(lane.room_id or "", lane.last_number) for lane in lanes])
+                break
+            except Exception as exc:  # noqa: BLE001 - the database or homeserver away
+                log.warning("joining the domain's processes failed; retrying", error=repr(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.membership = membership
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -605,6 +694,12 @@ class Node:
             await self.federation.close()
         if self.peer_feeds is not None:
             await self.peer_feeds.close()
+        if self.membership is not None:
+            await self.membership.close()
+        if self.siblings is not None:
+            await self.siblings.close()
+        if self._shared_routes is not None:
+            await self._shared_routes.close()
         for task in list(self._background):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

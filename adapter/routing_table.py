@@ -142,6 +142,10 @@ class RoutingTable:
     def subscriber_count(self, address: str) -> int:
         return len(self._subscribers.get(address, ()))
 
+    def sessions(self) -> list[int]:
+        """Every session with something in the table."""
+        return list(self._by_session)
+
     def holdings(self, session_id: int) -> Holdings:
         """How much of the table a session holds (what its quotas limit)."""
         entry = self._by_session.get(session_id)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 from nio import Api, ErrorResponse, RoomCreateResponse, RoomSendResponse, UploadResponse
 from nio.api import RoomPreset, RoomVisibility
 
@@ -219,6 +220,19 @@ class Intent:
         parsed = await self._request(method, path, "messages")
         if not isinstance(parsed, dict) or not isinstance(parsed.get("chunk"), list):
             raise MatrixError(200, "M_BAD_RESPONSE", "messages without a chunk", "messages")
+        return parsed
+
+    async def sync(
+        self, since: str | None, event_filter: dict[str, Any], timeout_ms: int
+    ) -> dict[str, Any]:
+        """One /sync: what is new in the user's rooms since ``since`` (None: the latest of
+        each), waiting up to ``timeout_ms`` for something. Raw; the caller reads the rooms."""
+        query = {"filter": orjson.dumps(event_filter).decode(), "timeout": str(timeout_ms)}
+        if since is not None:
+            query["since"] = since
+        parsed = await self._request("GET", "/_matrix/client/v3/sync", "sync", query=query)
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("next_batch"), str):
+            raise MatrixError(200, "M_BAD_RESPONSE", "sync without next_batch", "sync")
         return parsed
 
     async def joined_members(self, room_id: str) -> set[str]:

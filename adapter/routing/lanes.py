@@ -141,6 +141,11 @@ class Lane(StreamOutbox):
             on_refused=on_refused,
         )
 
+    @property
+    def last_number(self) -> int:
+        """The number of the lane's last persisted event."""
+        return self._n
+
     # -- sending --------------------------------------------------------------------------------
 
     def _header(self) -> dict[str, Any]:

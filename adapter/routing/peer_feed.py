@@ -89,6 +89,11 @@ class PeerFeed:
     def held_bytes(self) -> int:
         return self._held_bytes
 
+    @property
+    def last_n(self) -> int:
+        """The writer's number of the last event handed over."""
+        return self._last_n
+
     def push(self, events: list[dict[str, Any]]) -> None:
         self._queue.extend(events)
         if self._task is None:

@@ -21,6 +21,11 @@ log = structlog.get_logger(__name__)
 NODE_ORIGIN = "mn.node"
 
 
+def node_origin(process: str | None) -> str:
+    """The origin of the node's own messages; each of a domain's processes numbers its own."""
+    return NODE_ORIGIN if process is None else f"{NODE_ORIGIN}-{process}"
+
+
 class PeerLinks(Protocol):
     async def link(self, domain: str) -> Outbox:
         """The stream to a peer domain; raises PeerRefused."""

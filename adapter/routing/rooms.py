@@ -55,8 +55,18 @@ class RoomDirectory:
         user_prefix: str,
         alias_prefix: str,
         persisters: int = 1,
+        process: str | None = None,
     ) -> None:
         self._api = api
+        # A domain's node processes each write their own lanes and journal (one writer per
+        # room keeps its order the writer's).
+        self._own = "" if process is None else f"_{process}"
+        # The user the domain's node processes read each other's lanes as (Synapse serves no
+        # /sync to an appservice's own user): a member of every process's lanes.
+        self.lane_reader: Intent | None = None
+        if process is not None:
+            self.lane_reader = api.intent(api.user_id(f"{user_prefix}lanes"))
+        self._reader_in: set[str] = set()
         self._persisters = persisters
         self._store = store
         self._user_prefix = user_prefix
@@ -74,17 +84,24 @@ class RoomDirectory:
 
     async def lane(self, index: int, refresh: bool = False) -> tuple[Intent, str]:
         room_id = await self._ensure(
-            f"{self._alias_prefix}lane_{index}",
+            f"{self._alias_prefix}lane{self._own}_{index}",
             LANE,
             refresh,
-            f"reTHINK lane {index}",
+            f"reTHINK lane{self._own} {index}",
             persister=index % self._persisters if self._persisters > 1 else None,
         )
+        if self.lane_reader is not None and room_id not in self._reader_in:
+            await self._api.bot.invite(room_id, self.lane_reader.user_id)
+            await self.lane_reader.join(room_id)
+            self._reader_in.add(room_id)
         return self._api.bot, room_id
 
     async def journal(self, refresh: bool = False) -> tuple[Intent, str]:
         room_id = await self._ensure(
-            f"{self._alias_prefix}journal", JOURNAL, refresh, "reTHINK message node journal"
+            f"{self._alias_prefix}journal{self._own}",
+            JOURNAL,
+            refresh,
+            "reTHINK message node journal",
         )
         return self._api.bot, room_id
 

@@ -59,6 +59,8 @@ class SessionRows(Protocol):
 
     async def delete(self, session_id: int) -> None: ...
 
+    async def holder_of(self, runtime_url: str) -> str | None: ...
+
     async def detach_all(self) -> None: ...
 
     async def all(self) -> list[Any]: ...
@@ -115,8 +117,11 @@ class SessionRegistry:
         max_detached: int = 100_000,
         on_evicted: Callable[[], None] = lambda: None,
         on_unreceived: Callable[[list[Parcel]], None] = lambda _parcels: None,
+        process: str | None = None,
     ) -> None:
         self._rows = rows
+        # This node process's name when the domain runs several: each holds its own sessions.
+        self._process = process
         self._deliveries = deliveries
         self._tokens = tokens
         self._virtual_user = virtual_user
@@ -203,6 +208,14 @@ class SessionRegistry:
         self._by_runtime[session.runtime_url] = session
         self._by_key[session.key] = session
         Lifecycle._tell(self._lifecycle.added, session)
+
+    async def held_elsewhere(self, runtime_url: str) -> str | None:
+        """The node process that holds the runtime's session when another one does ("" for a
+        session nobody holds); None when this process may take the runtime."""
+        if self._process is None or runtime_url in self._by_runtime:
+            return None
+        holder = await self._rows.holder_of(runtime_url)
+        return None if holder == self._process else holder
 
     def token_for(self, session: Session) -> str:
         return self._tokens.issue(session.id, session.runtime_url)

@@ -18,10 +18,13 @@ STARTS = "starts"
 
 
 class CheckpointStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, process: str = "") -> None:
         self._db = db
-        self._positions = upsert(db.dialect, LanePosition, ["room_id"], ["event_id", "updated_at"])
-        self._marks = upsert(db.dialect, SenderMark, ["origin"], ["seq", "updated_at"])
+        self._process = process
+        self._positions = upsert(
+            db.dialect, LanePosition, ["process", "room_id"], ["event_id", "updated_at"]
+        )
+        self._marks = upsert(db.dialect, SenderMark, ["process", "origin"], ["seq", "updated_at"])
         self._counter = upsert(db.dialect, NodeCounter, ["name"])
 
     async def next_start(self) -> int:
@@ -43,14 +46,20 @@ class CheckpointStore:
 
     async def positions(self) -> dict[str, str]:
         def op(conn: Connection) -> dict[str, str]:
-            rows = conn.execute(select(LanePosition.room_id, LanePosition.event_id))
+            rows = conn.execute(
+                select(LanePosition.room_id, LanePosition.event_id).where(
+                    LanePosition.process == self._process
+                )
+            )
             return {str(room): str(event) for room, event in rows}
 
         return await self._db.run(op)
 
     async def marks(self) -> dict[str, int]:
         def op(conn: Connection) -> dict[str, int]:
-            rows = conn.execute(select(SenderMark.origin, SenderMark.seq))
+            rows = conn.execute(
+                select(SenderMark.origin, SenderMark.seq).where(SenderMark.process == self._process)
+            )
             return {str(origin): int(seq) for origin, seq in rows}
 
         return await self._db.run(op)
@@ -65,10 +74,13 @@ class CheckpointStore:
         now = utcnow()
         rows = kept_rows(kept, now)
         position_rows = [
-            {"room_id": room, "event_id": event, "updated_at": now}
+            {"process": self._process, "room_id": room, "event_id": event, "updated_at": now}
             for room, event in positions.items()
         ]
-        mark_rows = [{"origin": o, "seq": seq, "updated_at": now} for o, seq in marks.items()]
+        mark_rows = [
+            {"process": self._process, "origin": o, "seq": seq, "updated_at": now}
+            for o, seq in marks.items()
+        ]
 
         def op(conn: Connection) -> None:
             write_kept(conn, rows)

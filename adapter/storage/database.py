@@ -152,10 +152,17 @@ def _create_private(path: Path) -> None:
     create_private_file(path)
 
 
-def create_engine(url: str, echo: bool = False, synchronous_commit: bool | None = None) -> Engine:
+def create_engine(
+    url: str,
+    echo: bool = False,
+    synchronous_commit: bool | None = None,
+    application_name: str | None = None,
+) -> Engine:
     """An engine for the node's database. ``synchronous_commit``: whether a commit waits until it
     is on disk (durable against a crash of the machine); None keeps the database's default
-    (SQLite: synchronous=NORMAL in WAL mode; PostgreSQL: the server's setting)."""
+    (SQLite: synchronous=NORMAL in WAL mode; PostgreSQL: the server's setting).
+    ``application_name``: how PostgreSQL names the connections (the node process's changes
+    announced to the others carry it)."""
     target = sync_url(url)
     kwargs: dict[str, Any] = {"echo": echo}
     sqlite = target.get_backend_name() == "sqlite"
@@ -169,6 +176,8 @@ def create_engine(url: str, echo: bool = False, synchronous_commit: bool | None 
     else:
         kwargs["pool_pre_ping"] = True
         kwargs["connect_args"] = _pg_options(target, synchronous_commit)
+        if application_name is not None:
+            kwargs["connect_args"]["application_name"] = application_name
     engine = sa_create_engine(target, **kwargs)
     if sqlite:
         synchronous = "FULL" if synchronous_commit else "NORMAL"
@@ -236,13 +245,20 @@ class Database:
         echo: bool = False,
         workers: int | None = None,
         synchronous_commit: bool = False,
+        application_name: str | None = None,
     ) -> None:
         self.url = url
+        self.application_name = application_name
         # Off leaves the worker connections to the server's own setting: among what they write
         # are the messages kept for detached runtimes, which a lost commit would lose for good
         # (the homeserver has been told they were delivered), and bursts share a commit anyway.
         # Only the hot path goes without.
-        self.engine = create_engine(url, echo=echo, synchronous_commit=synchronous_commit or None)
+        self.engine = create_engine(
+            url,
+            echo=echo,
+            synchronous_commit=synchronous_commit or None,
+            application_name=application_name,
+        )
         self.dialect = self.engine.dialect.name
         self._synchronous_commit = synchronous_commit
         count = workers or (1 if self.dialect == "sqlite" else 4)
@@ -270,10 +286,17 @@ class Database:
         for thread in self._threads:
             thread.start()
 
+    async def connect_autocommit(self) -> psycopg.AsyncConnection[Any]:
+        """A PostgreSQL connection of its own on the event loop, in autocommit mode (for LISTEN:
+        the caller keeps and closes it)."""
+        return await self._connect_direct()
+
     async def _connect_direct(self) -> psycopg.AsyncConnection[Any]:
         # The engine's own connect arguments (host, credentials, options, the dialect's type
         # adapters), so these connections behave as the engine's do.
         args, params = self.engine.dialect.create_connect_args(self.engine.url)
+        if self.application_name is not None:
+            params["application_name"] = self.application_name
         params.update(_pg_options(self.engine.url, self._synchronous_commit))
         return await psycopg.AsyncConnection.connect(*args, **params, autocommit=True)
 

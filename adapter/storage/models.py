@@ -75,6 +75,9 @@ class RuntimeSession(Base):
     )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The node process that holds the session (its connection, or its deliveries while it is
+    # away) when the domain runs several; NULL with one.
+    holder: Mapped[str | None] = mapped_column(String(64))
 
 
 class Allocation(Base):
@@ -181,6 +184,9 @@ class LanePosition(Base):
 
     __tablename__ = "lane_positions"
 
+    # The node process whose reading it is ("" when the domain has one): every process reads
+    # every lane, each at its own pace.
+    process: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
     room_id: Mapped[str] = mapped_column(String(255), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(255))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -192,6 +198,7 @@ class SenderMark(Base):
 
     __tablename__ = "sender_marks"
 
+    process: Mapped[str] = mapped_column(String(64), primary_key=True, server_default="")
     origin: Mapped[str] = mapped_column(String(128), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
@@ -205,6 +212,19 @@ class NodeCounter(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger)
+
+
+class NodeProcess(Base):
+    """A node process of the domain, when it runs several: the lanes it writes (every other
+    process reads them) and when it was last alive."""
+
+    __tablename__ = "node_processes"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # JSON list of the room ids of its lanes.
+    lane_rooms: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class RemoteSubscription(Base):

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Connection, bindparam, delete, insert, inspect, select, true, update
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, inspect, select, true, update
 
 from .clock import utcnow
-from .database import Database, Prepared
+from .database import Database, Prepared, upsert
 from .models import RuntimeSession, SessionState
 
 _S = RuntimeSession
@@ -30,9 +30,21 @@ class SessionRow:
     identity: str | None
 
 
+class HeldElsewhere(Exception):
+    """The runtime's session is held by another node process of the domain."""
+
+    def __init__(self, holder: str | None) -> None:
+        super().__init__(f"held by node process {holder}")
+        self.holder = holder
+
+
 class SessionStore:
-    def __init__(self, db: Database) -> None:
+    """``holder``: the node process this store works for, when the domain runs several; it
+    creates sessions as theirs and reads only those."""
+
+    def __init__(self, db: Database, holder: str | None = None) -> None:
         self._db = db
+        self._holder = holder
         mapped = inspect(_S).columns
         keys = (
             "runtime_url",
@@ -43,11 +55,15 @@ class SessionStore:
             "state",
             "created_at",
             "last_seen",
+            "holder",
         )
         created = [mapped[c] for c in keys]
+        # Nothing is returned when another process created the runtime's session first.
         self._create = Prepared(
             db,
-            insert(_S).values({c.key: bindparam(c.key) for c in created}).returning(_S.id),
+            upsert(db.dialect, _S, ["runtime_url"])
+            .values({c.key: bindparam(c.key) for c in created})
+            .returning(_S.id),
             created,
         )
         self._set_state = Prepared(
@@ -85,9 +101,26 @@ class SessionStore:
             "state": SessionState.CONNECTED,
             "created_at": now,
             "last_seen": now,
+            "holder": self._holder,
         }
-        [(session_id,)] = await self._db.execute_small(self._create, row)
+        created = await self._db.execute_small(self._create, row)
+        if not created:
+            raise HeldElsewhere(await self.holder_of(runtime_url))
+        [(session_id,)] = created
         return int(session_id)
+
+    async def holder_of(self, runtime_url: str) -> str | None:
+        """The process holding the runtime's session: None when it has none, "" when nobody
+        holds it."""
+
+        def op(conn: Connection) -> str | None:
+            found = conn.execute(select(_S.holder).where(_S.runtime_url == runtime_url)).first()
+            return None if found is None else (found[0] or "")
+
+        return await self._db.run(op)
+
+    def _held_here(self) -> ColumnElement[bool]:
+        return _S.holder.is_(None) if self._holder is None else _S.holder == self._holder
 
     async def set_state(self, session_id: int, state: SessionState, protect: bool = False) -> None:
         """``protect``: the session is being handed a token (it stays protected)."""
@@ -112,9 +145,17 @@ class SessionStore:
                     _S.last_seen,
                     _S.protected,
                     _S.identity,
-                )
+                ).where(self._held_here())
             )
             return [SessionRow(*row) for row in rows]
+
+        return await self._db.run(op)
+
+    async def runtimes(self) -> list[tuple[int, str]]:
+        """(id, runtimeURL) of every session of the domain, whoever holds it."""
+
+        def op(conn: Connection) -> list[tuple[int, str]]:
+            return [(int(i), str(u)) for i, u in conn.execute(select(_S.id, _S.runtime_url))]
 
         return await self._db.run(op)
 
@@ -124,7 +165,7 @@ class SessionStore:
         def op(conn: Connection) -> None:
             conn.execute(
                 update(_S)
-                .where(_S.state == SessionState.CONNECTED)
+                .where(_S.state == SessionState.CONNECTED, self._held_here())
                 .values(state=SessionState.DETACHED)
             )
 

@@ -19,6 +19,9 @@ CLOSE_INTERNAL_ERROR = 1011
 # The session was refused to this connection after the upgrade (a race the checks before it
 # could not see): like HTTP 401, the stub must not simply reconnect with the same credentials.
 CLOSE_UNAUTHORIZED = 4401
+# The runtime's session is held by another node process of the domain: connect again (the
+# load balancer may pick another process; the holder takes it).
+CLOSE_TRY_AGAIN = 1013
 
 
 class StubConnection:

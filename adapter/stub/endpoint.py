@@ -29,11 +29,13 @@ from ..sessions.link import CLOSE_REPLACED
 from ..sessions.registry import SessionRefused, SessionRegistry
 from ..sessions.session import AckHello, Attachment
 from ..sessions.tokens import TokenRejected
+from ..storage.sessions import HeldElsewhere
 from .acks import AckSender
 from .connection import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
+    CLOSE_TRY_AGAIN,
     CLOSE_UNAUTHORIZED,
     StubConnection,
 )
@@ -147,6 +149,11 @@ class StubEndpoint:
                 raise web.HTTPUnauthorized(text=str(exc)) from None
             except IdentityUnavailable as exc:
                 raise web.HTTPServiceUnavailable(text=exc.reason) from None
+            holder = await self._sessions.held_elsewhere(runtime_url)
+            if holder is not None:
+                raise web.HTTPServiceUnavailable(
+                    text=_held_elsewhere(holder), headers={"Retry-After": "1"}
+                )
 
         ws = web.WebSocketResponse(
             heartbeat=self._config.heartbeat_seconds,
@@ -169,6 +176,10 @@ class StubEndpoint:
                 except SessionRefused as exc:
                     # Checked again under the session's lock: the upgrade is done by now.
                     await conn.close(CLOSE_UNAUTHORIZED, exc.reason[:120])
+                    return ws
+                except HeldElsewhere as exc:
+                    # Another process created the session since the check above.
+                    await conn.close(CLOSE_TRY_AGAIN, _held_elsewhere(exc.holder)[:120])
                     return ws
             async for frame in ws:
                 if self.closing:
@@ -450,6 +461,9 @@ class StubEndpoint:
             auth = {}
         try:
             identity = await self._authenticate(auth.get("type"), auth.get("token"))
+            holder = await self._sessions.held_elsewhere(runtime_url)
+            if holder is not None:
+                raise HeldElsewhere(holder)
             return await self._attach(
                 conn,
                 runtime_url,
@@ -465,6 +479,16 @@ class StubEndpoint:
         except IdentityUnavailable as exc:
             await conn.send(control_error(503, exc.reason, cmd="connect"))
             return None
+        except HeldElsewhere as exc:
+            await conn.send(control_error(503, _held_elsewhere(exc.holder), cmd="connect"))
+            await conn.close(CLOSE_TRY_AGAIN, "connect again")
+            return None
+
+
+def _held_elsewhere(holder: str | None) -> str:
+    if not holder:
+        return "this runtime's session is being moved between node processes: connect again"
+    return f"this runtime's session is held by node process {holder}: connect again"
 
 
 def _not_an_object(parsed: Any) -> str:

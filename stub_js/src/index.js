@@ -495,6 +495,11 @@ export class MatrixProtoStub {
         return this._sendConnect(conn);
       }
       this._abandon(conn);
+      if (frame.response === 503) {
+        // Passing (the node's identity provider away, or the session held by another process
+        // of the domain): the next attempt may succeed.
+        return this._attemptFailed(`handshake refused for now: ${describeAnswer(frame)}`);
+      }
       return this._stop('failed', `handshake refused: ${describeAnswer(frame)}`);
     }
     if (frame.cmd === 'disconnect') return conn.closing?.();
