@@ -61,7 +61,7 @@ async def processes(
 
 async def _joined(node: Node) -> None:
     async with asyncio.timeout(30):
-        while node.membership is None:  # noqa: ASYNC110 - polled
+        while node.membership is None:
             await asyncio.sleep(0.05)
 
 
@@ -81,7 +81,7 @@ async def _reading(node: Node, rooms: int) -> None:
     """Until ``node`` reads ``rooms`` lanes of other processes."""
     assert node.siblings is not None
     async with asyncio.timeout(30):
-        while len(node.siblings.rooms) < rooms:  # noqa: ASYNC110 - polled
+        while len(node.siblings.rooms) < rooms:
             await asyncio.sleep(0.05)
 
 
@@ -98,7 +98,7 @@ async def test_runtimes_on_two_processes_reach_each_other_in_order(
         [b] = await bob.allocate(D)
         # Each process knows the other's runtime's address (the database announced it).
         async with asyncio.timeout(10):
-            while p1.table.owner(b) is None or p2.table.owner(a) is None:  # noqa: ASYNC110
+            while p1.table.owner(b) is None or p2.table.owner(a) is None:
                 await asyncio.sleep(0.02)
         for n in range(1, 51):
             await alice.send(_message(n, a, b))
@@ -122,15 +122,13 @@ async def test_a_runtime_is_held_by_one_process_at_a_time(
     p1, p2 = await start("p1"), await start("p2")
     carol = await _runtime(p1, "carol", acked=False)
     async with asyncio.timeout(10):
-        while p1.sessions.by_runtime(carol.runtime_url) is None:  # noqa: ASYNC110 - polled
+        while p1.sessions.by_runtime(carol.runtime_url) is None:
             await asyncio.sleep(0.02)
     try:
         # Held by p1: p2 sends the stub back to the load balancer, with a reason.
         async with aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-                await http.ws_connect(
-                    stub_url(p2), params={"runtimeURL": f"runtime://{D}/carol"}
-                )
+                await http.ws_connect(stub_url(p2), params={"runtimeURL": f"runtime://{D}/carol"})
         assert refused.value.status == 503
         # A v1 handshake is answered 503 on the socket, which is then closed.
         v1 = await PyRuntime(stub_url(p2), f"runtime://{D}/carol").connect(handshake="v1")
@@ -156,7 +154,7 @@ async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhil
         [d] = await dave.allocate(D)
         [e] = await erin.allocate(D)
         async with asyncio.timeout(10):
-            while p1.table.owner(e) is None:  # noqa: ASYNC110 - polled
+            while p1.table.owner(e) is None:
                 await asyncio.sleep(0.02)
         await dave.send(_message(1, d, e))
         assert (await erin.receive())["body"]["n"] == 1
@@ -168,7 +166,7 @@ async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhil
         for n in range(2, 31):
             await dave.send(_message(n, d, e))
         async with asyncio.timeout(10):
-            while dave.unacked:  # noqa: ASYNC110 - polled until p1 has them all persisted
+            while dave.unacked:
                 await asyncio.sleep(0.02)
         p2 = await start("p2")
         erin.stub_url = stub_url(p2)
