@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
@@ -35,6 +36,7 @@ from .carrier import Sender
 from .cluster.membership import Membership
 from .cluster.shared_routes import SharedRoutes, application_name
 from .cluster.sibling_lanes import SiblingLanes
+from .cluster.takeover import TakeOver
 from .config import NodeConfig
 from .identity.authenticator import Authenticator
 from .identity.matrix import MatrixTokenVerifier
@@ -107,9 +109,15 @@ LISTEN_BACKLOG = 4096
 RETIRED_ORIGIN_SECONDS = 60.0
 # The journal is for audit and analytics, not for latency: at most four events a second.
 JOURNAL_INTERVAL = 0.25
+# The exit status of a process another one took for gone (EX_TEMPFAIL: start it again).
+EXIT_STRUCK = 75
 
 # Builds the outbound seam from the delivery side; the default is the lanes through Matrix.
 OutboxesFactory = Callable[[Delivery], Outboxes]
+
+
+def _exit_at_once() -> None:
+    os._exit(EXIT_STRUCK)
 
 
 class Node:
@@ -118,8 +126,13 @@ class Node:
         config: NodeConfig,
         metrics_registry: CollectorRegistry | None = None,
         outboxes: OutboxesFactory | None = None,
+        on_struck: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
+        # Another process of the domain took this one for gone and holds its sessions: it
+        # must not serve them a moment longer. Crash-only: the process ends at once and its
+        # supervisor starts it again, new and holding nothing.
+        self._on_struck = on_struck or _exit_at_once
         cfg = config
         collector = metrics_registry or CollectorRegistry()
         self.metrics = NodeMetrics(collector)
@@ -197,6 +210,7 @@ class Node:
             self.metrics.sessions_evicted.inc,
             lambda parcels: self._spawn(self.delivery.unreceived(parcels)),
             process,
+            self._take_sessions_of if process is not None else None,
         )
         self.metrics.sessions.set_function(lambda: len(self.sessions))
         self.metrics.tasks.set_function(lambda: len(asyncio.all_tasks()))
@@ -286,6 +300,7 @@ class Node:
         self._processes: ProcessStore | None = None
         self._shared_routes: SharedRoutes | None = None
         self.membership: Membership | None = None
+        self._take_over: TakeOver | None = None
         if process is not None:
             assert self.rooms.lane_reader is not None
             self.siblings = SiblingLanes(
@@ -294,6 +309,17 @@ class Node:
             self._processes = ProcessStore(self.db)
             self._shared_routes = SharedRoutes(
                 self.db, process, self.table, self._reload_shared_routes, self._processes_changed
+            )
+            self._take_over = TakeOver(
+                self._session_rows,
+                self._processes,
+                self._checkpoints,
+                self._pending,
+                self.sessions,
+                self.table,
+                self.api.bot,
+                self.siblings,
+                cfg.cluster.gone_after_seconds,
             )
         self.inbound = InboundEvents(self.metrics)
         if self.peer_feeds is not None:
@@ -607,6 +633,12 @@ class Node:
                 self.table.remove_session(session_id)
         await self._load_routes(elsewhere)
 
+    async def _take_sessions_of(self, holder: str) -> bool:
+        """Until this process has joined, its lanes are not listed with the others, and the
+        reading again of a take-over would miss them: the runtime connects again later."""
+        assert self._take_over is not None
+        return self.membership is not None and await self._take_over(holder)
+
     async def _processes_changed(self) -> None:
         if self.membership is not None:
             await self.membership.refresh()
@@ -626,6 +658,8 @@ class Node:
             positions,
             cluster.heartbeat_seconds,
             cluster.gone_after_seconds,
+            self._take_sessions_of,
+            self._on_struck,
         )
         delay = 0.25
         while True:

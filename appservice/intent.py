@@ -262,11 +262,14 @@ class Intent:
         return str(parsed.get("event_id", "")) if isinstance(parsed, dict) else ""
 
     async def context(self, room_id: str, event_id: str) -> dict[str, Any] | None:
-        """The event and pagination tokens around it (``end`` reads forward from just after
-        it); None when the room has no such event."""
-        method, path = Api.room_context(_NO_TOKEN, room_id, event_id, limit=0)
+        """The event and a pagination token just after it (``end``: reading forward from it
+        starts with the next event); None when the room has no such event."""
+        # Asked with no events around it: Synapse's `end` then points just after the event
+        # itself (with its default of 10 it points after the 5 events that follow, and a
+        # forward read from it skips them; matrix-nio's builder drops a limit of 0).
+        path = f"/_matrix/client/v3/rooms/{_quote(room_id)}/context/{_quote(event_id)}"
         try:
-            parsed = await self._request(method, path, "context")
+            parsed = await self._request("GET", path, "context", query={"limit": "0"})
         except MatrixError as exc:
             if exc.status == 404:
                 return None

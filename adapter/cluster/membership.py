@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import structlog
@@ -26,6 +27,8 @@ class Membership:
         positions: dict[str, str],
         heartbeat_seconds: float,
         gone_after_seconds: float,
+        take_over: Callable[[str], Awaitable[bool]],
+        on_struck: Callable[[], None],
     ) -> None:
         self._store = store
         self.name = name
@@ -33,6 +36,9 @@ class Membership:
         self._positions = positions
         self._heartbeat = heartbeat_seconds
         self._gone_after = timedelta(seconds=gone_after_seconds)
+        self._take_over = take_over
+        # Another process took this one for gone and holds its sessions: it must stop now.
+        self._on_struck = on_struck
         self._own_rooms: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._refreshing = asyncio.Lock()
@@ -75,10 +81,21 @@ class Membership:
         while True:
             await asyncio.sleep(self._heartbeat)
             try:
-                await self._store.heartbeat(self.name)
+                if not await self._store.heartbeat(self.name):
+                    log.critical("another node process took this one for gone; stopping")
+                    self._on_struck()
+                    return
                 await self.refresh()
+                await self._take_from_the_gone()
             except Exception as exc:  # noqa: BLE001 - the database away: beat again later
                 log.warning("cluster heartbeat failed", error=repr(exc))
+
+    async def _take_from_the_gone(self) -> None:
+        """Sessions of a process that is gone need a holder even if their runtimes stay away:
+        what is sent to them is kept, and they expire."""
+        for row in await self._store.all():
+            if row.name != self.name and not ProcessStore.alive(row, self._gone_after):
+                await self._take_over(row.name)
 
     async def close(self) -> None:
         if self._task is not None:

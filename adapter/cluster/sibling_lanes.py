@@ -75,6 +75,19 @@ class SiblingLanes:
             return event_number(event.get("content"))
         return 0
 
+    async def catch_up(self, room_id: str, timeout: float) -> bool:
+        """Wait until ``room_id`` is read here up to its newest event; whether it was within
+        ``timeout`` seconds."""
+        target = await self.newest_number(room_id)
+        try:
+            async with asyncio.timeout(timeout):
+                while self.handled_through(room_id) < target:  # noqa: ASYNC110 - polled
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            log.warning("a lane of another process not read to its end", room=room_id)
+            return False
+        return True
+
     def follow(self, room_id: str, writer: str, position: str | None, start_n: int) -> None:
         """Read ``room_id`` (a lane of process ``writer``) from ``position`` (the last event
         this process handled), or, without one, from the event after number ``start_n``."""

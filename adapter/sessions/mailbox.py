@@ -168,6 +168,9 @@ class Mailbox:
         # Released: nothing is delivered, kept or stored any more (its rows are gone, and a
         # checkpoint writing for it would fail for every session).
         self.discarded = False
+        # While the session is taken over from another node process: what arrives waits here,
+        # behind what is read again from the rooms (``hold`` / ``unhold``).
+        self._held: list[Entry] | None = None
 
     # -- state --------------------------------------------------------------------------------
 
@@ -212,6 +215,9 @@ class Mailbox:
     async def deliver(self, parcel: Parcel, ticket: Ticket | None = None) -> Outcome:
         if self.discarded:
             return "released"
+        if self._held is not None:
+            self._held.append(self._new_entry(0, parcel, ticket))
+            return "queued"
         dseq = self._next()
         link = self._link
         if link is not None and not self._replaying:
@@ -230,6 +236,26 @@ class Mailbox:
         self._kept.append(self._new_entry(dseq, parcel, ticket))
         self._on_dirty(self)
         return "queued"
+
+    def hold(self) -> None:
+        """Keep what is delivered aside until ``unhold``."""
+        self._held = []
+
+    def unhold(self, before: Sequence[Parcel]) -> None:
+        """Keep ``before`` (read again from the rooms), then what was held meanwhile, but not
+        twice: a held message that is also in ``before`` is dropped."""
+        held, self._held = self._held or [], None
+        seen = {(p.origin, p.oseq) for p in before if p.origin is not None}
+        for parcel in before:
+            self._kept.append(self._new_entry(self._next(), parcel, None))
+        for entry in held:
+            if (entry.parcel.origin, entry.parcel.oseq) in seen:
+                self._done_with(entry)
+                continue
+            entry.dseq = self._next()
+            self._kept.append(entry)
+        if self._kept:
+            self._on_dirty(self)
 
     def on_ack(self, received: int) -> None:
         """The stub has everything numbered up to ``received``."""

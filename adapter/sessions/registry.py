@@ -22,6 +22,7 @@ import structlog
 from ..identity.model import Identity
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
+from ..storage.sessions import HeldElsewhere
 from .link import CLOSE_REPLACED, Link
 from .mailbox import DeliveryStore, Mailbox, Parcel
 from .serial import Serial
@@ -34,6 +35,12 @@ log = structlog.get_logger(__name__)
 
 # How long a `disconnect` keeps trying to release its session while the database fails.
 RELEASE_RETRY_SECONDS = 60.0
+# How long a connection waits for its session to be taken over from a node process that is
+# gone before it is sent to connect again.
+TAKE_OVER_WAIT_SECONDS = 30.0
+
+# Takes the sessions of a node process that is gone, if it is: whether it did.
+TakeOver = Callable[[str], Coroutine[Any, Any, bool]]
 
 
 class SessionRefused(Exception):
@@ -118,10 +125,14 @@ class SessionRegistry:
         on_evicted: Callable[[], None] = lambda: None,
         on_unreceived: Callable[[list[Parcel]], None] = lambda _parcels: None,
         process: str | None = None,
+        take_over: TakeOver | None = None,
     ) -> None:
         self._rows = rows
         # This node process's name when the domain runs several: each holds its own sessions.
         self._process = process
+        self._take_over = take_over
+        # Runtimes whose sessions are being taken over: their connections wait for it.
+        self._adopting: dict[str, asyncio.Event] = {}
         self._deliveries = deliveries
         self._tokens = tokens
         self._virtual_user = virtual_user
@@ -176,18 +187,53 @@ class SessionRegistry:
         await self._rows.detach_all()
         now = utcnow()
         for row in await self._rows.all():
-            session = self._new_session(
-                row.id, row.key, row.runtime_url, row.user_id, *stored.get(row.id, (0, 0))
-            )
-            session.protected = row.protected
-            if row.identity is not None:
-                session.identity = Identity.from_record(row.identity)
-            last_seen = row.last_seen if row.last_seen.tzinfo else row.last_seen.replace(tzinfo=UTC)
-            # The session's lifetime keeps counting from when it was last seen, across restarts.
-            session.detached_at = time.monotonic() - max((now - last_seen).total_seconds(), 0)
-            self._add(session)
+            self._add(self._from_row(row, epoch, stored, now))
         for session in sorted(self._by_id.values(), key=lambda s: s.detached_at or 0.0):
             self._detached[session.id] = session
+
+    def _from_row(
+        self, row: Any, epoch: int, stored: dict[int, tuple[int, int]], now: Any
+    ) -> Session:
+        session = self._new_session(
+            row.id, row.key, row.runtime_url, row.user_id, *stored.get(row.id, (0, 0)), epoch=epoch
+        )
+        session.protected = row.protected
+        if row.identity is not None:
+            session.identity = Identity.from_record(row.identity)
+        last_seen = row.last_seen if row.last_seen.tzinfo else row.last_seen.replace(tzinfo=UTC)
+        # The session's lifetime keeps counting from when it was last seen, across restarts.
+        session.detached_at = time.monotonic() - max((now - last_seen).total_seconds(), 0)
+        return session
+
+    def adopt(
+        self, rows: list[Any], epoch: int, stored: dict[int, tuple[int, int]]
+    ) -> list[Session]:
+        """Sessions taken over from a node process that is gone, detached. ``epoch`` is a
+        fresh start count, so their delivery numbers stay above the old holder's. What is
+        delivered to them is held until ``adopted``; their runtimes' connections wait."""
+        now = utcnow()
+        taken = asyncio.Event()
+        sessions = []
+        for row in rows:
+            if row.runtime_url in self._by_runtime:
+                continue
+            session = self._from_row(row, epoch, stored, now)
+            session.mailbox.hold()
+            self._adopting[session.runtime_url] = taken
+            self._add(session)
+            self._detached[session.id] = session
+            sessions.append(session)
+        self._evict_beyond_bound()
+        return sessions
+
+    def adopted(self, sessions: list[Session], before: dict[int, list[Parcel]]) -> None:
+        """The sessions' deliveries read again from the rooms (``before``, per session) come
+        first, then what was held; their runtimes may connect."""
+        for session in sessions:
+            session.mailbox.unhold(before.get(session.id, []))
+            taken = self._adopting.pop(session.runtime_url, None)
+            if taken is not None:
+                taken.set()
 
     def _new_session(
         self,
@@ -197,11 +243,11 @@ class SessionRegistry:
         user_id: str,
         stored_through: int = 0,
         stored_bytes: int = 0,
+        epoch: int | None = None,
     ) -> Session:
-        mailbox = Mailbox(
-            session_id, self._epoch, self._on_mailbox_dirty, stored_through, stored_bytes
-        )
-        return Session(session_id, key, runtime_url, user_id, mailbox, self._epoch)
+        start = self._epoch if epoch is None else epoch
+        mailbox = Mailbox(session_id, start, self._on_mailbox_dirty, stored_through, stored_bytes)
+        return Session(session_id, key, runtime_url, user_id, mailbox, start)
 
     def _add(self, session: Session) -> None:
         self._by_id[session.id] = session
@@ -215,7 +261,11 @@ class SessionRegistry:
         if self._process is None or runtime_url in self._by_runtime:
             return None
         holder = await self._rows.holder_of(runtime_url)
-        return None if holder == self._process else holder
+        if holder is None or holder == self._process:
+            return None
+        if self._take_over is not None and await self._take_over(holder):
+            return None
+        return holder
 
     def token_for(self, session: Session) -> str:
         return self._tokens.issue(session.id, session.runtime_url)
@@ -246,6 +296,13 @@ class SessionRegistry:
         ``protect``: the connection will be handed a session token, so from now on only a
         connection presenting it (or proving the same identity) gets the session. Raises
         TokenRejected or SessionRefused (401) and leaves the live connection alone."""
+        taken = self._adopting.get(runtime_url)
+        if taken is not None:
+            try:
+                async with asyncio.timeout(TAKE_OVER_WAIT_SECONDS):
+                    await taken.wait()
+            except TimeoutError:
+                raise HeldElsewhere("") from None
         async with self._serial.line(runtime_url):
             if token is not None:
                 self.check_token(runtime_url, token)

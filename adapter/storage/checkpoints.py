@@ -44,11 +44,14 @@ class CheckpointStore:
 
         return await self._db.run(op)
 
-    async def positions(self) -> dict[str, str]:
+    async def positions(self, process: str | None = None) -> dict[str, str]:
+        """The recovery positions of this process, or of another ``process`` of the domain."""
+        reader = self._process if process is None else process
+
         def op(conn: Connection) -> dict[str, str]:
             rows = conn.execute(
                 select(LanePosition.room_id, LanePosition.event_id).where(
-                    LanePosition.process == self._process
+                    LanePosition.process == reader
                 )
             )
             return {str(room): str(event) for room, event in rows}

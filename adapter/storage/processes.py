@@ -102,13 +102,17 @@ class ProcessStore:
 
         await self._db.run(op)
 
-    async def heartbeat(self, name: str) -> None:
-        def op(conn: Connection) -> None:
-            conn.execute(
+    async def heartbeat(self, name: str) -> bool:
+        """False when the process's row is gone: another process took it for gone and holds
+        its sessions now."""
+
+        def op(conn: Connection) -> bool:
+            result = conn.execute(
                 update(NodeProcess).where(NodeProcess.name == name).values(heartbeat_at=utcnow())
             )
+            return bool(result.rowcount)
 
-        await self._db.run(op)
+        return await self._db.run(op)
 
     async def all(self) -> list[ProcessRow]:
         def op(conn: Connection) -> list[ProcessRow]:

@@ -13,9 +13,19 @@ from sqlalchemy import ColumnElement, Connection, bindparam, delete, inspect, se
 
 from .clock import utcnow
 from .database import Database, Prepared, upsert
-from .models import RuntimeSession, SessionState
+from .models import NodeProcess, RuntimeSession, SessionState
 
 _S = RuntimeSession
+_ROW_COLUMNS = (
+    _S.id,
+    _S.runtime_url,
+    _S.user_id,
+    _S.key,
+    _S.state,
+    _S.last_seen,
+    _S.protected,
+    _S.identity,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +145,31 @@ class SessionStore:
 
     async def all(self) -> list[SessionRow]:
         def op(conn: Connection) -> list[SessionRow]:
-            rows = conn.execute(
-                select(
-                    _S.id,
-                    _S.runtime_url,
-                    _S.user_id,
-                    _S.key,
-                    _S.state,
-                    _S.last_seen,
-                    _S.protected,
-                    _S.identity,
-                ).where(self._held_here())
-            )
+            rows = conn.execute(select(*_ROW_COLUMNS).where(self._held_here()))
             return [SessionRow(*row) for row in rows]
+
+        return await self._db.run(op)
+
+    async def take_over(self, gone: str) -> list[SessionRow]:
+        """Hold every session node process ``gone`` held ("": sessions nobody holds, left by
+        the domain's single process of before), and strike it from the domain's processes (if
+        it is only slow, its next heartbeat finds its row gone and it stops: two processes
+        never hold one session). Nothing when another process was first."""
+        assert self._holder is not None
+        held_by_gone = _S.holder.is_(None) if gone == "" else _S.holder == gone
+
+        def op(conn: Connection) -> list[SessionRow]:
+            if gone:
+                struck = conn.execute(delete(NodeProcess).where(NodeProcess.name == gone))
+                if not struck.rowcount:
+                    return []
+            rows = conn.execute(
+                update(_S)
+                .where(held_by_gone)
+                .values(holder=self._holder, state=SessionState.DETACHED)
+                .returning(*_ROW_COLUMNS)
+            )
+            return [SessionRow(**row._asdict()) for row in rows]
 
         return await self._db.run(op)
 

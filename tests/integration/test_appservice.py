@@ -323,3 +323,20 @@ async def test_health_is_503_when_the_homeserver_is_unreachable(
     assert report["checks"]["homeserver"]["ok"] is False
     assert "error" in report["checks"]["homeserver"]
     assert report["checks"]["database"]["ok"] is True
+
+
+async def test_reading_forward_from_an_events_context_misses_no_event(
+    start_node: NodeFactory, database_url: str
+) -> None:
+    """Recovery reads a room from its position: the context's `end` must point just after the
+    event, not after the events that follow it (Synapse's default context would skip five)."""
+    node = await start_node(database_url)
+    bot = node.api.bot
+    room_id = await bot.create_room(name="context test")
+    sent = [await bot.send_event(room_id, EVENT_TYPE, {"n": n}) for n in range(1, 9)]
+    found = await bot.context(room_id, sent[0])
+    assert found is not None
+    page = await bot.messages(
+        room_id, start=found["end"], direction="f", limit=20, event_filter={"types": [EVENT_TYPE]}
+    )
+    assert [e["content"]["n"] for e in page["chunk"]] == list(range(2, 9))

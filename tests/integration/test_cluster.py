@@ -22,7 +22,7 @@ from ..support.runtime import PyRuntime, stub_url
 pytestmark = [pytest.mark.integration]
 D = "mn.test"
 
-StartProcess = Callable[[str], Awaitable[Node]]
+StartProcess = Callable[..., Awaitable[Node]]
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -34,7 +34,7 @@ async def processes(
     await migrate.upgrade(url)
     running: dict[str, Node] = {}
 
-    async def start(name: str) -> Node:
+    async def start(name: str, gone_after: float = 30) -> Node:
         # The homeserver pushes to the first process's port; the others take none (they read
         # the lanes they need with /sync).
         port = homeserver.appservice_port if name == "p1" else 0
@@ -44,10 +44,11 @@ async def processes(
                 **{
                     "cluster.process": name,
                     "cluster.heartbeat_seconds": 0.5,
-                    "cluster.gone_after_seconds": 3,
+                    "cluster.gone_after_seconds": gone_after,
                     "appservice.listen.port": port,
                 },
-            )
+            ),
+            on_struck=lambda: pytest.fail(f"process {name} was taken for gone"),
         )
         await node.start()
         running[name] = node
@@ -177,3 +178,69 @@ async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhil
     finally:
         await dave.close()
         await erin.close()
+
+
+async def test_the_sessions_of_a_process_that_is_gone_are_taken_over(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    start, running = processes
+    p1, p2 = await start("p1", gone_after=2), await start("p2", gone_after=2)
+    await _reading(p2, 1)
+    frank, grace = await _runtime(p1, "frank"), await _runtime(p2, "grace")
+    try:
+        [f] = await frank.allocate(D)
+        [g] = await grace.allocate(D)
+        async with asyncio.timeout(10):
+            while p1.table.owner(g) is None:
+                await asyncio.sleep(0.02)
+        for n in range(1, 11):
+            await frank.send(_message(n, f, g))
+        assert [m["body"]["n"] for m in await grace.receive_n(10)] == list(range(1, 11))
+        # p2 goes away and does not come back; what frank sends meanwhile waits in p1's lane.
+        await grace.drop()
+        await p2.stop()
+        del running["p2"]
+        for n in range(11, 31):
+            await frank.send(_message(n, f, g))
+        # Within gone_after (and a heartbeat), p1 holds grace's session.
+        async with asyncio.timeout(15):
+            while p1.sessions.by_runtime(grace.runtime_url) is None:
+                await asyncio.sleep(0.05)
+        grace.stub_url = stub_url(p1)
+        await grace.connect()
+        assert grace.connect_answer is not None and grace.connect_answer["response"] == 200
+        got = await grace.receive_n(20)
+        assert [m["body"]["n"] for m in got] == list(range(11, 31))
+        assert await grace.nothing_within(0.5)
+        # Replies go the other way, within p1 now.
+        await grace.send(_message(99, g, f))
+        assert (await frank.receive())["body"]["n"] == 99
+    finally:
+        await frank.close()
+        await grace.close()
+
+
+async def test_a_runtime_of_a_gone_process_connecting_elsewhere_takes_its_session(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    """p2 hangs (no heartbeat): once it counts as gone, its runtime connecting to p1 resumes
+    its session there, with its addresses."""
+    start, running = processes
+    p1 = await start("p1", gone_after=1.5)
+    p2 = await start("p2", gone_after=1.5)
+    heidi = await _runtime(p2, "heidi")
+    try:
+        [h] = await heidi.allocate(D)
+        await heidi.drop()
+        assert p2.membership is not None
+        await p2.membership.close()  # p2 stops beating, as a process that hangs
+        await asyncio.sleep(1.7)
+        heidi.stub_url = stub_url(p1)
+        await heidi.connect()
+        assert heidi.connect_answer is not None and heidi.connect_answer["response"] == 200
+        assert heidi.connect_answer["data"]["session"] == "resumed"
+        assert p1.table.owner(h) == p1.sessions.by_runtime(heidi.runtime_url).id  # type: ignore[union-attr]
+    finally:
+        await heidi.close()
+        await p2.stop()
+        del running["p2"]
