@@ -74,7 +74,13 @@ def _build_parser() -> argparse.ArgumentParser:
     up_cmd.add_argument("revision", nargs="?", default="head")
     db_sub.add_parser("current", help="show the database's migration revision")
 
-    sub.add_parser("run", help="run the node against the configured homeserver")
+    run = sub.add_parser("run", help="run the node against the configured homeserver")
+    run.add_argument(
+        "--process",
+        metavar="NAME",
+        help="this process's name among the domain's node processes (cluster.process; also "
+        "RETHINK_MN_PROCESS)",
+    )
 
     from .policies.cli import add_parser as add_policy_parser
 
@@ -121,6 +127,19 @@ def _build_parser() -> argparse.ArgumentParser:
         "federating over loopback (configs under <state-dir>/domain-a|b/)",
     )
     up.add_argument(
+        "--nodes",
+        type=_node_count,
+        metavar="N",
+        help="the domain on N node processes sharing the stub port, on the local PostgreSQL; "
+        "its own config under <state-dir>/nodes/",
+    )
+    up.add_argument(
+        "--node-database",
+        metavar="URL",
+        help="with --nodes: the nodes' PostgreSQL database, created if missing "
+        "(default postgresql://postgres@127.0.0.1:5432/rethink_mn_nodes)",
+    )
+    up.add_argument(
         "--workers",
         action="store_true",
         help="Synapse in worker mode (event persisters and the appservice push on workers) on "
@@ -141,6 +160,12 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _node_count(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise argparse.ArgumentTypeError(f"takes a number of processes from 1 to 64, not {value!r}")
+    return int(value)
+
+
 def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -155,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--homeserver-database and --redis go with --workers")
     if args.command == "up" and args.workers and args.two_domains:
         parser.error("--workers and --two-domains do not go together (yet)")
+    if args.command == "up" and args.nodes and (args.two_domains or args.workers):
+        parser.error("--nodes goes with neither --two-domains nor --workers (yet)")
+    if args.command == "up" and args.node_database and not args.nodes:
+        parser.error("--node-database goes with --nodes")
     if args.command not in SHARED_OUTPUT_COMMANDS:
         # Group and others get nothing of what this process creates. The writers of secrets
         # create their files 0600 themselves; the umask covers what they do not write
@@ -183,7 +212,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "db":
             return await _db(args, load_config(args.config))
         if args.command == "run":
-            return await _run(args.config, load_config(args.config))
+            environ = dict(os.environ)
+            if args.process:
+                environ["RETHINK_MN_PROCESS"] = args.process
+            return await _run(args.config, load_config(args.config, environ))
         if args.command == "policy":
             from .policies import cli as policy_cli
 
@@ -200,11 +232,17 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "export":
             return await _export(args, load_config(args.config))
         if args.command == "up":
+            from .localstack.nodes import NodesOptions, up_nodes
             from .localstack.up import up, up_two_domains
 
             _configure_logging_for_up(args)
             if args.two_domains:
                 return await up_two_domains(args.state_dir, _say)
+            if args.nodes:
+                options = NodesOptions(args.nodes)
+                if args.node_database:
+                    options = dataclasses.replace(options, database_url=args.node_database)
+                return await up_nodes(args.state_dir, _say, options)
             return await up(args.config, args.state_dir, _say, _worker_options(args))
     except LocalStackError as exc:
         err.print(f"[bold red]error[/]: {exc}")

@@ -33,6 +33,8 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "RETHINK_MN_SESSION_SECRET": ("stub", "session_secret"),
     "RETHINK_MN_POLICY_TOKEN": ("policy_api", "token"),
     "RETHINK_MN_DASHBOARD_TOKEN": ("dashboard", "token"),
+    # One configuration file for all of a domain's node processes, each named here.
+    "RETHINK_MN_PROCESS": ("cluster", "process"),
 }
 
 # Matrix user-id localparts: the historical grammar allowed by the spec for new ids.

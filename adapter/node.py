@@ -677,7 +677,15 @@ class Node:
         await runner.setup()
         # A crowd of runtimes connects at once (a node restart, a page of hundreds of stubs):
         # a short listen queue drops connections, which then wait for TCP's retry (1 s, 3 s).
-        site = web.TCPSite(runner, host, port, reuse_address=True, backlog=LISTEN_BACKLOG)
+        # A domain's processes on one machine share the ports: the kernel spreads connections.
+        site = web.TCPSite(
+            runner,
+            host,
+            port,
+            reuse_address=True,
+            reuse_port=self.config.cluster.enabled,
+            backlog=LISTEN_BACKLOG,
+        )
         await site.start()
         self._runners.append(runner)
         # The bound port, which differs from the configured one when that was 0.

@@ -1,5 +1,5 @@
-"""A PostgreSQL database for a local Synapse (worker mode needs one): created on first use with
-the C collation Synapse insists on."""
+"""A PostgreSQL database for a local Synapse (worker mode needs one), or for the node processes
+of `up --nodes`: created on first use with the C collation Synapse insists on."""
 
 from __future__ import annotations
 
@@ -33,13 +33,15 @@ async def drop_homeserver_database(url: str) -> None:
         )
 
 
-async def ensure_homeserver_database(url: str, fresh: bool = False) -> str:
+async def ensure_homeserver_database(
+    url: str, fresh: bool = False, whose: str = "the homeserver's"
+) -> str:
     """Create the database ``url`` names if it does not exist (dropped first when ``fresh``),
     connecting to the server's `postgres` database to do so; returns ``url``."""
     parts = urlsplit(url)
     name = parts.path.lstrip("/")
     if not name:
-        raise LocalStackError(f"the homeserver database URL {url!r} names no database")
+        raise LocalStackError(f"the database URL {url!r} names no database")
     admin = urlunsplit(parts._replace(path="/postgres"))
     try:
         async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
@@ -57,7 +59,7 @@ async def ensure_homeserver_database(url: str, fresh: bool = False) -> str:
                 )
     except psycopg.Error as exc:
         raise LocalStackError(
-            "could not reach or prepare the homeserver's PostgreSQL database "
+            f"could not reach or prepare {whose} PostgreSQL database "
             f"({without_password(url)}): {exc}"
         ) from exc
     return url
