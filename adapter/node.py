@@ -280,20 +280,6 @@ class Node:
                 0,
                 lambda s: peer_feeds.runtime_left(s.runtime_url, self.table.subscriptions_of(s.id)),
             )
-        self.ingress = Ingress(
-            self.table,
-            self._services(),
-            self.outboxes,
-            self.journal,
-            self.routes,
-            self.policy,
-            self.delivery.routed_through,
-            self.metrics,
-            cfg.quotas,
-            self._waiting_bytes,
-            cfg.routing.backpressure_seconds,
-            self.federation,
-        )
         # The domain's other node processes, when it runs several: their lanes are read here,
         # and what they change in the routing state reaches this process's table.
         self.siblings: SiblingLanes | None = None
@@ -321,6 +307,21 @@ class Node:
                 self.siblings,
                 cfg.cluster.gone_after_seconds,
             )
+        self.ingress = Ingress(
+            self.table,
+            self._services(),
+            self.outboxes,
+            self.journal,
+            self.routes,
+            self.policy,
+            self.delivery.routed_through,
+            self.metrics,
+            cfg.quotas,
+            self._waiting_bytes,
+            cfg.routing.backpressure_seconds,
+            self.federation,
+            self._shared_routes.caught_up if self._shared_routes is not None else None,
+        )
         self.inbound = InboundEvents(self.metrics)
         if self.peer_feeds is not None:
             self.inbound.subscribe("m.room.member", self.peer_feeds.on_member_events)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import structlog
+from sqlalchemy import Connection, text
 
 from ..routing_table import RoutingTable
 from ..storage.database import Database
@@ -28,6 +30,9 @@ from ..storage.processes import PROCESSES_CHANNEL, ROUTES_CHANNEL
 log = structlog.get_logger(__name__)
 
 RETRY_MAX_SECONDS = 5.0
+# The longest a message to an address this process does not know waits for the announcements
+# in flight before it is refused.
+CATCH_UP_SECONDS = 2.0
 
 
 def application_name(process: str) -> str:
@@ -51,6 +56,8 @@ class SharedRoutes:
         self._on_process = on_process
         self._task: asyncio.Task[None] | None = None
         self.listening = asyncio.Event()
+        self._marks = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[None]] = {}
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="shared-routes")
@@ -89,10 +96,37 @@ class SharedRoutes:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_SECONDS)
 
+    async def caught_up(self) -> None:
+        """Until every change committed before now has reached the table (or a moment has
+        passed). An address another process allocated a moment ago may not have been heard of
+        yet: its announcement is on its way. This process announces a mark of its own and
+        waits for it to come back: announcements arrive in the order of their commits."""
+        if not self.listening.is_set():
+            return
+        mark = next(self._marks)
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting[mark] = waiter
+        payload = orjson.dumps({"by": self._me, "t": "mark", "n": mark}).decode()
+
+        def announce(conn: Connection) -> None:
+            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": ROUTES_CHANNEL, "p": payload})
+
+        try:
+            await self._db.run(announce)
+            async with asyncio.timeout(CATCH_UP_SECONDS):
+                await waiter
+        except TimeoutError:
+            log.warning("routing changes not caught up in time")
+        finally:
+            self._waiting.pop(mark, None)
+
     def _apply(self, payload: str) -> None:
         try:
             note = orjson.loads(payload)
             if note["by"] == self._me:
+                waiter = self._waiting.get(note["n"]) if note["t"] == "mark" else None
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
                 return
             apply_change(self._table, note["t"], note["op"], note["row"])
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

@@ -15,7 +15,7 @@ session's mailbox, so a stub that acknowledges deliveries gets them again after 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from time import time
 from typing import Any
 
@@ -125,8 +125,12 @@ class Ingress:
         waiting_bytes: Callable[[int], int],
         backpressure_timeout: float = 10.0,
         federation: Federation | None = None,
+        catch_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._table = table
+        # With several node processes: waits until what the others changed in the routing
+        # state has reached the table (an address allocated there a moment ago).
+        self._catch_up = catch_up
         self._services = services
         self._outboxes = outboxes
         self._journal = journal
@@ -255,6 +259,9 @@ class Ingress:
                     raise
         destinations = self._table.destinations(message.to, session.id)
         remote = self._remote_domains(message.to, destinations.domains, session.id)
+        if not destinations.known and not remote and self._catch_up is not None:
+            await self._catch_up()
+            destinations = self._table.destinations(message.to, session.id)
         if not destinations.known and not remote:
             if message.type == "response":
                 # Answering a response would start a loop of error answers; count and drop.

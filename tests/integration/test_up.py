@@ -286,3 +286,62 @@ async def test_up_workers_without_redis_says_so(tmp_path: Path) -> None:
     )
     assert result.returncode == 1, result.stderr
     assert "Synapse's workers talk over Redis, and none answers" in result.stderr
+
+
+async def test_up_nodes_spreads_runtimes_over_processes_restarts_one_killed_and_stops_all(
+    synapse_python: Path, tmp_path: Path, worker_services: None
+) -> None:
+    from adapter.localstack.homeserver_database import drop_homeserver_database
+    from adapter.localstack.nodes import NODES_DIR
+    from adapter.localstack.up import ensure_config
+
+    from ..conftest import PG_DSN
+
+    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
+    state = tmp_path / "var"
+    database = PG_DSN.rsplit("/", 1)[0] + f"/rethink_test_up_nodes_{os.getpid()}"
+    ensure_config(
+        state / NODES_DIR / "config.yaml",
+        state / NODES_DIR,
+        lambda _: None,
+        {
+            "homeserver.url": f"http://127.0.0.1:{hs_port}",
+            "appservice.listen.port": as_port,
+            "stub.listen.port": stub_port,
+            "database.url": database,
+            "dashboard.enabled": False,
+            "cluster.heartbeat_seconds": 0.5,
+            "cluster.gone_after_seconds": 2,
+        },
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "adapter.cli", "up", "--nodes", "2"),
+        *("--state-dir", str(state), "--node-database", database),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output: list[str] = []
+    try:
+        await _read_until_ready(proc, output)
+        text = "".join(output)
+        [(_p1, p2)] = re.findall(r"p1 pid (\d+), p2 pid (\d+)", text)
+        # Enough pairs that the kernel puts runtimes on both processes.
+        await asyncio.gather(*(_ping_through(stub_port, f"nodes-{i}") for i in range(6)))
+        os.kill(int(p2), signal.SIGKILL)
+        async with asyncio.timeout(60):
+            while not any("p2 exited" in line for line in output):
+                output.append((await proc.stdout.readline()).decode())  # type: ignore[union-attr]
+        await asyncio.gather(*(_ping_through(stub_port, f"after-{i}") for i in range(6)))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
+        output.append(rest.decode())
+        await drop_homeserver_database(database)
+    text = "".join(output)
+    assert proc.returncode == 0, text
+    assert "[p1]" in text and "[p2]" in text
+    assert "node process p2 exited (status -9); starting it again" in text, text
+    pids = [int(p) for p in re.findall(r"(?:p\d pid|Synapse is up \(pid) (\d+)", text)]
+    pids += [int(p) for p in re.findall(r"\[p\d\].*?pid=(\d+)", text)]
+    assert not any(_alive(pid) for pid in pids), "a process outlived `up --nodes`"
