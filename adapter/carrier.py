@@ -42,6 +42,10 @@ MAX_NUMBER = 2**53 - 1
 # A PDU must stay under 65,536 bytes; the homeserver adds the envelope (ids, hashes, signature,
 # auth and prev events: ~1.5 kB). Content up to this size always fits.
 INLINE_LIMIT = 60_000
+# What an inline lane event holds besides its messages and sender table, at most (the fields),
+# and each message besides its text and destinations (its sender index, number, brackets).
+INLINE_FIELDS = 200
+MESSAGE_FIELDS = 40
 # A batch too big for inline JSON is first tried packed (its media frames, deflated, in base64)
 # when its frames are at most this big: beyond, it would not fit once packed either.
 PACK_LIMIT = 4 * INLINE_LIMIT
@@ -138,6 +142,24 @@ class LaneEncoder:
 
     def size(self, item: HasRouted) -> int:
         return len(item.routed.text)
+
+    def fit(self, items: Sequence[HasRouted]) -> int:
+        """How many of ``items``, from the first, fit in one inline event: an estimate from
+        above (quotes and backslashes count twice; ``encode`` checks the real size)."""
+        budget = INLINE_LIMIT - INLINE_FIELDS
+        seen: set[Sender] = set()
+        total = 0
+        for taken, item in enumerate(items):
+            routed = item.routed
+            if routed.sender not in seen:
+                seen.add(routed.sender)
+                total += len(orjson.dumps(routed.sender.entry())) + 1
+            text = routed.text
+            total += len(text) + text.count('"') + text.count("\\") + MESSAGE_FIELDS
+            total += sum(len(to) + 3 for to in routed.to)
+            if total > budget:
+                return taken
+        return len(items)
 
     def encode(self, header: dict[str, Any], items: Sequence[HasRouted]) -> Encoded:
         index: dict[Sender, int] = {}

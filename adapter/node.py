@@ -109,6 +109,8 @@ LISTEN_BACKLOG = 4096
 RETIRED_ORIGIN_SECONDS = 60.0
 # The journal is for audit and analytics, not for latency: at most four events a second.
 JOURNAL_INTERVAL = 0.25
+# A lane sends what fits one inline event until this much waits (stream.py says why).
+LANE_MEDIA_BACKLOG = 1024 * 1024
 # The exit status of a process another one took for gone (EX_TEMPFAIL: start it again).
 EXIT_STRUCK = 75
 
@@ -364,12 +366,13 @@ class Node:
 
     # -- parts --------------------------------------------------------------------------------
 
-    def _stream_limits(self, min_interval: float = 0.0) -> StreamLimits:
+    def _stream_limits(self, min_interval: float = 0.0, inline_below: int = 0) -> StreamLimits:
         r = self.config.routing
         return StreamLimits(
             max_batch_bytes=r.max_batch_bytes,
             max_queued_bytes=r.max_queued_bytes_per_lane,
             min_interval=min_interval,
+            inline_below_bytes=inline_below,
         )
 
     def _journal_stream(self) -> BatchStream[bytes]:
@@ -393,7 +396,7 @@ class Node:
                     self.delivery,
                     self.settlement.ledger,
                     self.metrics,
-                    self._stream_limits(),
+                    self._stream_limits(inline_below=LANE_MEDIA_BACKLOG),
                     self._traffic,
                     self._bounce.refused,
                 )

@@ -570,7 +570,7 @@ async def run_group(
             ) -> None:
                 synapse = stack.synapses.get(phase)
                 pids: Roots = {
-                    "node": service.proc.pid,
+                    "node": service.pids,
                     "synapse": synapse.all_pids if synapse else None,
                 }
                 metrics = service.health_url.replace("/health", "/metrics")

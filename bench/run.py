@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 import uvloop
 from rich.console import Console
 from rich.table import Table
@@ -181,6 +182,8 @@ def _fmt(value: Any) -> str:
 HOMESERVER_DATABASE = "sqlite"
 # `--homeserver-workers P`: Synapse with P event persisters (and its appservice push) on workers.
 HOMESERVER_WORKERS = 0
+# `--nodes N`: the node as N processes of one domain (cluster.process p1..pN), sharing its ports.
+NODE_PROCESSES = 1
 # An experiment, not the default: Synapse's commits no longer wait for the WAL flush.
 HOMESERVER_SYNC_COMMIT_OFF = os.environ.get("RETHINK_MN_BENCH_HS_ASYNC_COMMIT") == "1"
 PG_ADMIN = os.environ.get("RETHINK_MN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -251,42 +254,79 @@ def write_config(
 
 
 class Service:
-    """A node-like process: started, checked healthy, measured, stopped."""
+    """A node-like process, or a domain's node processes (one command each, sharing the ports):
+    started, checked healthy, measured, stopped."""
 
-    def __init__(self, name: str, command: list[str], health_url: str, log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: list[str] | list[list[str]],
+        health_url: str,
+        log: Path,
+        database_url: str | None = None,
+    ) -> None:
         self.name = name
-        self._log = log.open("w")
-        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        commands = command if isinstance(command[0], list) else [command]
+        self._logs = [
+            (log if len(commands) == 1 else log.with_suffix(f".p{i}.log")).open("w")
+            for i in range(1, len(commands) + 1)
+        ]
+        self.procs = [
+            subprocess.Popen(c, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            for c, out in zip(commands, self._logs, strict=True)
+        ]
+        self.proc = self.procs[0]
         self.health_url = health_url
+        self._database_url = database_url
+
+    @property
+    def pids(self) -> int | tuple[int, ...]:
+        return self.proc.pid if len(self.procs) == 1 else tuple(p.pid for p in self.procs)
 
     async def wait_healthy(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as http:
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+                for proc in self.procs:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{self.name} exited with {proc.returncode}")
                 try:
                     async with http.get(self.health_url) as resp:
-                        if resp.status == 200:
+                        if resp.status == 200 and await self._all_joined():
                             return
                 except aiohttp.ClientError:
                     pass
                 await asyncio.sleep(0.25)
         raise RuntimeError(f"{self.name} not healthy within {timeout}s")
 
+    async def _all_joined(self) -> bool:
+        """Every process of several has registered its lanes with the others (any of them
+        answers the shared health port)."""
+        if len(self.procs) == 1 or self._database_url is None:
+            return True
+        async with await psycopg.AsyncConnection.connect(self._database_url) as conn:
+            found = await conn.execute("SELECT count(*) FROM node_processes")
+            row = await found.fetchone()
+        return row is not None and row[0] == len(self.procs)
+
     def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmRSS")
+        total = 0.0
+        for proc in self.procs:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        return total
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in self._logs:
+            log.close()
 
 
 async def drive(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
@@ -696,11 +736,17 @@ class Stack:
                 check=True,
                 capture_output=True,
             )
+            commands: list[str] | list[list[str]] = command(config)
+            if name == "node" and NODE_PROCESSES > 1:
+                commands = [
+                    [*command(config), "--process", f"p{i}"] for i in range(1, NODE_PROCESSES + 1)
+                ]
             service = Service(
                 name,
-                command(config),
+                commands,
                 f"http://127.0.0.1:{as_port}/health",
                 self.work / f"{phase}.log",
+                db_url,
             )
             url = f"ws://127.0.0.1:{stub_port}/stub/connect"
             try:
@@ -749,6 +795,7 @@ async def main(args: argparse.Namespace) -> int:
             "database": args.database,
             "homeserver_database": HOMESERVER_DATABASE,
             "homeserver_workers": HOMESERVER_WORKERS,
+            "node_processes": NODE_PROCESSES,
             "node_settings": NODE_SETTINGS,
         },
     )
@@ -890,7 +937,18 @@ if __name__ == "__main__":
         "on a worker), on PostgreSQL and the local Redis; the node gets "
         "homeserver.event_persisters and, unless set, as many lanes",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the node as N processes of one domain sharing its ports (as `rethink-mn up "
+        "--nodes N`), on PostgreSQL",
+    )
     args = parser.parse_args()
+    NODE_PROCESSES = args.nodes
+    if NODE_PROCESSES > 1:
+        args.database = "postgresql"
     HOMESERVER_DATABASE = args.homeserver_database
     HOMESERVER_WORKERS = args.homeserver_workers
     if HOMESERVER_WORKERS:

@@ -196,3 +196,20 @@ async def test_a_batch_of_many_runtimes_keeps_its_sender_table_out_of_the_event(
 
     decoded = await carrier.decode_batch(content, fetch)
     assert decoded == [i.routed for i in items]
+
+
+def test_fit_names_the_longest_run_of_messages_that_travels_inline() -> None:
+    """A crowd's messages, each from its own runtime: ``fit`` stops where one inline event is
+    full (its estimate errs on the safe side), and no further than the real limit."""
+    crowd = [
+        Sender(f"{i:016x}.stubX", f"runtime://x/{i:04d}", f"@_rethink_{i:032x}:hs")
+        for i in range(400)
+    ]
+    items = [message(i, size=300, sender=crowd[i], noise=True) for i in range(400)]
+    encoder = LaneEncoder()
+    fits = encoder.fit(items)
+    assert 0 < fits < len(items)
+    assert encoder.encode({"n": 1}, items[:fits]).kind == "inline"
+    # Not far from full: a tenth more would not travel inline.
+    assert encoder.encode({"n": 1}, items[: fits + fits // 10]).kind != "inline"
+    assert encoder.fit(items[:fits]) == fits

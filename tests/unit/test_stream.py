@@ -9,8 +9,10 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry
 
-from adapter.carrier import JournalEncoder
+from adapter import carrier
+from adapter.carrier import JournalEncoder, LaneEncoder, Routed, Sender
 from adapter.observability import NodeMetrics
+from adapter.routing.lanes import Outgoing
 from adapter.routing.stream import BatchStream, StreamLimits
 from appservice.api import HomeserverUnreachable, MatrixError
 
@@ -236,3 +238,64 @@ async def test_a_media_batch_is_uploaded_once_however_often_its_event_is_retried
     s.push(orjson.dumps({"blob": "x" * 70_000}))  # beyond an event: travels as media
     assert await s.flush(5)
     assert intent.uploads == 1 and intent.txn_ids == ["t1"] * 4 and len(done) == 1
+
+
+class LaneIntent(FakeIntent):
+    """Takes lane events; media as well, counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: list[str] = []
+
+    async def upload(self, data: bytes, content_type: str, filename: str) -> str:
+        return "mxc://hs/1"
+
+    async def send_event(self, room_id: str, event_type: str, content: Any, txn_id: str) -> str:
+        self.kinds.append(carrier.media_kind(orjson.loads(content)))
+        await asyncio.sleep(0.01)
+        self.sent.append((txn_id, []))
+        return f"$e{len(self.sent)}"
+
+
+def lane_stream(intent: LaneIntent, done: list[int], inline_below: int) -> BatchStream[Any]:
+    async def target(refresh: bool) -> tuple[Any, str]:
+        return intent, "!lane"
+
+    return BatchStream(
+        "lane",
+        LaneEncoder(),
+        dict,
+        target,
+        NodeMetrics(CollectorRegistry()),
+        StreamLimits(retry_initial=0.01, retry_max=0.02, inline_below_bytes=inline_below),
+        on_sent=lambda batch, _event_id: done.extend(i.routed.oseq for i in batch),
+    )
+
+
+def crowd_message(i: int) -> Outgoing:
+    sender = Sender(f"{i:016x}.stubX", f"runtime://x/{i:04d}", f"@_rethink_{i:032x}:hs")
+    return Outgoing(Routed(orjson.dumps({"id": i, "s": "x" * 300}).decode(), ("b",), sender, i), 1)
+
+
+async def test_a_lane_below_its_backlog_sends_what_fits_inline_in_order() -> None:
+    """What queued while an event was in flight leaves in inline events, not one media event
+    (a slower send that would let the next batch grow as big)."""
+    intent = LaneIntent()
+    done: list[int] = []
+    s = lane_stream(intent, done, inline_below=1024 * 1024)
+    for i in range(1, 601):
+        s.push(crowd_message(i))
+    assert await s.flush(5)
+    assert done == list(range(1, 601))
+    assert set(intent.kinds) == {"inline"} and len(intent.kinds) > 2
+
+
+async def test_a_backlog_leaves_in_large_media_events() -> None:
+    intent = LaneIntent()
+    done: list[int] = []
+    s = lane_stream(intent, done, inline_below=100_000)
+    for i in range(1, 601):
+        s.push(crowd_message(i))
+    assert await s.flush(5)
+    assert done == list(range(1, 601))
+    assert intent.kinds[0] == "media"
