@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, select, update
+from sqlalchemy import Connection, bindparam, delete, select, text, update
 
 from .clock import utcnow
 from .database import Database, upsert
@@ -15,6 +16,12 @@ from .models import LanePosition, NodeCounter, SenderMark
 from .pending import KeptDelivery, delete_through, kept_rows, write_kept
 
 STARTS = "starts"
+_MARKS_FROM_ARRAYS = text(
+    "INSERT INTO sender_marks (process, origin, seq, updated_at) "
+    "SELECT :process, o, s, :now FROM unnest(CAST(:origins AS text[]), CAST(:seqs AS bigint[])) "
+    "AS m(o, s) ON CONFLICT (process, origin) "
+    "DO UPDATE SET seq = excluded.seq, updated_at = excluded.updated_at"
+)
 
 
 class CheckpointStore:
@@ -25,6 +32,9 @@ class CheckpointStore:
             db.dialect, LanePosition, ["process", "room_id"], ["event_id", "updated_at"]
         )
         self._marks = upsert(db.dialect, SenderMark, ["process", "origin"], ["seq", "updated_at"])
+        # A crowd moves a thousand marks per checkpoint: on PostgreSQL one statement with two
+        # arrays instead of a thousand executions (they cost the node a seventh of its CPU).
+        self._marks_arrays = db.dialect == "postgresql"
         self._counter = upsert(db.dialect, NodeCounter, ["name"])
 
     async def next_start(self) -> int:
@@ -80,18 +90,29 @@ class CheckpointStore:
             {"process": self._process, "room_id": room, "event_id": event, "updated_at": now}
             for room, event in positions.items()
         ]
-        mark_rows = [
-            {"process": self._process, "origin": o, "seq": seq, "updated_at": now}
-            for o, seq in marks.items()
-        ]
+        mark_rows: list[dict[str, Any]] | dict[str, Any]
+        if self._marks_arrays:
+            mark_rows = {
+                "process": self._process,
+                "origins": list(marks),
+                "seqs": list(marks.values()),
+                "now": now,
+            }
+            mark_statement: Any = _MARKS_FROM_ARRAYS
+        else:
+            mark_rows = [
+                {"process": self._process, "origin": o, "seq": seq, "updated_at": now}
+                for o, seq in marks.items()
+            ]
+            mark_statement = self._marks
 
         def op(conn: Connection) -> None:
             write_kept(conn, rows)
             delete_through(conn, deletes)
             if position_rows:
                 conn.execute(self._positions, position_rows)
-            if mark_rows:
-                conn.execute(self._marks, mark_rows)
+            if marks:
+                conn.execute(mark_statement, mark_rows)
 
         await self._db.run(op)
 
