@@ -538,11 +538,6 @@ class Node:
             as_app, cfg.appservice.listen.host, cfg.appservice.listen.port
         )
 
-        stub_app = web.Application()
-        WebPages(cfg.domain).add_routes(stub_app)
-        self.stub_endpoint.add_routes(stub_app)
-        self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
-
         self.running = True
         self._tasks += [
             asyncio.create_task(self._ping_homeserver(), name="hs-ping"),
@@ -564,9 +559,14 @@ class Node:
         if self.peer_feeds is not None:
             await self.peer_feeds.start(positions)
         if self.siblings is not None:
-            self._tasks.append(
-                asyncio.create_task(self._join_cluster(positions), name="cluster-join")
-            )
+            # Runtimes only once the other processes' lanes are read from here: a lane read
+            # from its end (a process new to the domain) must not start after a message for
+            # a runtime this process already took.
+            await self._join_cluster(positions)
+        stub_app = web.Application()
+        WebPages(cfg.domain).add_routes(stub_app)
+        self.stub_endpoint.add_routes(stub_app)
+        self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
         if self.dashboard is not None:
             self.dashboard.start()
         if self._dashboard_worker is not None:

@@ -337,9 +337,11 @@ def write_node_config(
     peers: dict[str, str] | None = None,
     persisters: int = 0,
     lanes: int | None = None,
+    cluster: dict[str, Any] | None = None,
 ) -> None:
     """``peers``: the other domains and their homeservers' server names; ``persisters``: the
-    homeserver's event persisters (worker mode); ``lanes``: by default one per persister."""
+    homeserver's event persisters (worker mode); ``lanes``: by default one per persister;
+    ``cluster``: settings for a domain on several node processes (each names itself)."""
     federation = {d: {"server_name": name} for d, name in (peers or {}).items()}
     dump_private_yaml(
         {
@@ -364,6 +366,7 @@ def write_node_config(
             "federation": {"peers": federation},
             "dashboard": {"worker": False},
             "logging": {"level": "INFO", "format": "json"},
+            **({"cluster": cluster} if cluster else {}),
         },
         path,
     )
@@ -372,9 +375,13 @@ def write_node_config(
 class NodeProcess:
     """`rethink-mn run` as a child process (the worktree's code: ``python -m adapter.cli``)."""
 
-    def __init__(self, config: Path, log: Path, as_port: int, stub_port: int) -> None:
+    def __init__(
+        self, config: Path, log: Path, as_port: int, stub_port: int, process: str | None = None
+    ) -> None:
         self.config = config
         self.log = log
+        # Its name among the domain's node processes, when it is one of several.
+        self.process = process
         self.as_port = as_port
         self.stub_port = stub_port
         self.proc: subprocess.Popen[bytes] | None = None
@@ -401,7 +408,7 @@ class NodeProcess:
             log.write(f"--- start #{self.starts} at {time.time():.3f}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                self._cli("run"),
+                self._cli("run", *(("--process", self.process) if self.process else ())),
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -118,9 +118,14 @@ SCENARIOS = (
     "peer-node-sigkill",
     "peer-link-blackhole",
     "persister-sigkill",
+    "node-process-sigkill",
 )
 # Scenarios for a homeserver in worker mode only (--homeserver-workers).
 WORKER_SCENARIOS = frozenset({"persister-sigkill"})
+# Scenarios for a domain on two node processes, which share a PostgreSQL database.
+CLUSTER_SCENARIOS = frozenset({"node-process-sigkill"})
+# The two processes' heartbeat, and how long one is silent before the other takes it for gone.
+CLUSTER = {"heartbeat_seconds": 0.5, "gone_after_seconds": 2.0}
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
 PEER_DOMAIN = "peer.faults.local"
 
@@ -146,6 +151,9 @@ class Plan:
     drain_cap_s: float
     peer_down_s: float = 60.0  # peer-synapse-sigkill: how long B's homeserver stays down
     link_stall_s: float = 30.0  # peer-link-blackhole: how long the link drops everything
+    # node-process-sigkill: how long the killed process stays down (the other takes its
+    # sessions over after CLUSTER's gone_after_seconds and a heartbeat)
+    process_down_s: float = 4.0
 
 
 FULL = Plan(3000, 500, 1 / 3, 1.0, 0.5, 60, (5, 10), 4, 4, 3, 6000, 100, 10, 5, 20, 8, 180)
@@ -377,6 +385,8 @@ class Stack:
     database: Database
     homeserver_proxy: HomeserverProxy | None = None  # only where Synapse is to answer errors
     peer: PeerDomain | None = None  # only for the scenarios across domains
+    # The domain's second node process (p2; `node` is p1), for the scenarios of a cluster.
+    sibling: NodeProcess | None = None
     faults: list[Fault] = field(default_factory=list)
 
     @property
@@ -426,6 +436,8 @@ class Stack:
         }
         if self.homeserver.workers:
             procs["persister1"] = SynapseWorker(self.homeserver, "persister1")
+        if self.sibling is not None:
+            procs["node-process"] = self.sibling
         if self.peer is not None:
             procs |= {"peer-node": self.peer.node, "peer-synapse": self.peer.homeserver}
         proc = procs[target]
@@ -481,6 +493,8 @@ class Stack:
     async def close(self) -> None:
         await self.proxy.close()
         await self.node.stop()
+        if self.sibling is not None:
+            await self.sibling.stop()
         if self.peer is not None:
             await self.peer.proxy.close()
             await self.peer.node.stop()
@@ -512,9 +526,17 @@ async def start_stack(
     homeserver = Homeserver(synapse_python, work, tokens, as_port, workers=workers, **server_name)
     db = Database(database, work, outages=scenario == "database-outage")
     proxy = Proxy(stub_port)
-    node = NodeProcess(work / "node.yaml", work / "node.log", as_port, stub_port)
+    cluster = scenario in CLUSTER_SCENARIOS
+    node = NodeProcess(
+        work / "node.yaml", work / "node.log", as_port, stub_port, "p1" if cluster else None
+    )
     hs_proxy = HomeserverProxy(homeserver.url) if scenario == "synapse-errors" else None
     stack = Stack(work, homeserver, node, proxy, db, hs_proxy)
+    if cluster:
+        # The same ports (SO_REUSEPORT): the proxy's connections reach either process.
+        stack.sibling = NodeProcess(
+            work / "node.yaml", work / "node-p2.log", as_port, stub_port, "p2"
+        )
     try:
         peers: dict[str, str] = {}
         if links is not None:
@@ -536,12 +558,15 @@ async def start_stack(
             persisters=workers,
             # One lane, on the first persister: every message meets the persister fault.
             lanes=1 if scenario == "persister-sigkill" else None,
+            cluster=CLUSTER if cluster else None,
         )
         starting = [homeserver.start(), node.migrate()]
         if stack.peer is not None:
             starting.append(stack.peer.prepare(DOMAIN, homeserver.settings.server_name))
         await asyncio.gather(*starting)
         nodes = [node] if stack.peer is None else [node, stack.peer.node]
+        if stack.sibling is not None:
+            nodes.append(stack.sibling)
         for each in nodes:
             each.start()
         for each in nodes:
@@ -1015,6 +1040,17 @@ def scenario_setup(
     if name == "persister-sigkill":
         # The first event persister, where the one lane's room is (start_stack).
         return single, restart("persister1", signal.SIGKILL)
+    if name == "node-process-sigkill":
+        # Three pairs over two processes: the kernel puts some runtimes on p2, which is
+        # killed and kept down until p1 has taken its sessions over (the runtimes come back
+        # through the proxy to p1 meanwhile), then started again as `up --nodes` would.
+        pairs = Layout(
+            {f"S{i}": [f"R{i}"] for i in range(1, 4)},
+            [f"R{i}" for i in range(1, 4)],
+            plan.count // 3,
+            plan.rate / 3,
+        )
+        return pairs, restart("node-process", signal.SIGKILL, plan.process_down_s)
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {
@@ -1177,7 +1213,10 @@ def ensure_node_packages() -> None:
 async def main(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     scenarios = args.scenario or [
-        s for s in SCENARIOS if args.homeserver_workers or s not in WORKER_SCENARIOS
+        s
+        for s in SCENARIOS
+        if (args.homeserver_workers or s not in WORKER_SCENARIOS)
+        and ("postgresql" in args.database or s not in CLUSTER_SCENARIOS)
     ]
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     if "postgresql" in args.database and (why := await postgres_reachable()):
@@ -1198,6 +1237,8 @@ async def main(args: argparse.Namespace) -> int:
     results = []
     for database in args.database:
         for name in scenarios:
+            if database != "postgresql" and name in CLUSTER_SCENARIOS:
+                continue
             # A fresh generator per scenario: the same seed, the same faults on either database.
             rng = random.Random(seed)
             results.append(await run_scenario(name, database, plan, args, synapse_python, rng))
@@ -1287,6 +1328,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--scenario takes {', '.join(SCENARIOS)}")
     if not args.homeserver_workers and set(args.scenario or ()) & WORKER_SCENARIOS:
         parser.error(f"{', '.join(sorted(WORKER_SCENARIOS))} need --homeserver-workers")
+    if set(args.scenario or ()) & CLUSTER_SCENARIOS and args.database != ["postgresql"]:
+        parser.error(f"{', '.join(sorted(CLUSTER_SCENARIOS))} need --database postgresql")
     if not set(args.database) <= {"sqlite", "postgresql"}:
         parser.error("--database takes sqlite, postgresql")
     return args
