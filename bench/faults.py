@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import uvloop
 from rich.console import Console
 from rich.table import Table
@@ -437,7 +438,7 @@ class Stack:
         if self.homeserver.workers:
             procs["persister1"] = SynapseWorker(self.homeserver, "persister1")
         if self.sibling is not None:
-            procs["node-process"] = self.sibling
+            procs["node-process"] = await self._busiest_process()
         if self.peer is not None:
             procs |= {"peer-node": self.peer.node, "peer-synapse": self.peer.homeserver}
         proc = procs[target]
@@ -463,6 +464,20 @@ class Stack:
             await proc.start()
         fault.end = time.time()
         return fault
+
+    async def _busiest_process(self) -> NodeProcess:
+        """Of the domain's two node processes, the one holding the most runtimes (the kernel
+        spreads connections as it likes), so that the fault meets as many as it can."""
+        assert self.sibling is not None
+        async with await psycopg.AsyncConnection.connect(self.database.url) as conn:
+            found = await conn.execute(
+                "SELECT holder, count(*) FROM runtime_sessions GROUP BY holder ORDER BY 2 DESC"
+            )
+            rows = await found.fetchall()
+        held = {str(holder): int(count) for holder, count in rows}
+        console.print(f"  runtimes held: {held}")
+        busiest = max(("p1", "p2"), key=lambda name: held.get(name, 0))
+        return self.node if busiest == "p1" else self.sibling
 
     async def database_outage(self, seconds: float) -> Fault:
         fault = Fault("database", None, time.time())
