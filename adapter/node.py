@@ -296,7 +296,12 @@ class Node:
             )
             self._processes = ProcessStore(self.db)
             self._shared_routes = SharedRoutes(
-                self.db, process, self.table, self._reload_shared_routes, self._processes_changed
+                self.db,
+                process,
+                self.table,
+                self._reload_shared_routes,
+                self._processes_changed,
+                self._hand_over,
             )
             self._take_over = TakeOver(
                 self._session_rows,
@@ -308,6 +313,8 @@ class Node:
                 self.api.bot,
                 self.siblings,
                 cfg.cluster.gone_after_seconds,
+                process,
+                lambda: list(self.lanes or []),
             )
         self.ingress = Ingress(
             self.table,
@@ -637,11 +644,20 @@ class Node:
                 self.table.remove_session(session_id)
         await self._load_routes(elsewhere)
 
-    async def _take_sessions_of(self, holder: str) -> bool:
+    async def _take_sessions_of(self, holder: str, runtime_url: str) -> bool:
         """Until this process has joined, its lanes are not listed with the others, and the
         reading again of a take-over would miss them: the runtime connects again later."""
         assert self._take_over is not None
-        return self.membership is not None and await self._take_over(holder)
+        return self.membership is not None and await self._take_over(holder, runtime_url)
+
+    async def _take_from_the_gone(self, holder: str) -> None:
+        assert self._take_over is not None
+        await self._take_over.gone(holder)
+
+    def _hand_over(self, runtime_url: str, to: str) -> None:
+        assert self._take_over is not None
+        if self.running:
+            self._spawn(self._take_over.give(runtime_url, to))
 
     async def _processes_changed(self) -> None:
         if self.membership is not None:
@@ -662,7 +678,7 @@ class Node:
             positions,
             cluster.heartbeat_seconds,
             cluster.gone_after_seconds,
-            self._take_sessions_of,
+            self._take_from_the_gone,
             self._on_struck,
         )
         delay = 0.25

@@ -36,6 +36,13 @@ With --homeserver-workers P (Synapse in worker mode, as `rethink-mn up --workers
 fault signals the main process and every worker; persister-sigkill kills the first event
 persister alone and starts it again (the node then has one lane, whose room is on it).
 
+With --database postgresql, the domain also runs on two node processes (p1, p2, as `rethink-mn
+up --nodes 2`; three senders and three receivers, spread over both by the kernel):
+node-process-sigkill (the process holding the most runtimes killed, kept down until the other
+has taken its sessions over, then started again); node-process-moves (every stub connection cut
+twice, as network: each stub comes back to whichever process it reaches, and its session moves
+there).
+
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
 Either way less the messages the node answered with an error (a definite failure).
@@ -120,11 +127,12 @@ SCENARIOS = (
     "peer-link-blackhole",
     "persister-sigkill",
     "node-process-sigkill",
+    "node-process-moves",
 )
 # Scenarios for a homeserver in worker mode only (--homeserver-workers).
 WORKER_SCENARIOS = frozenset({"persister-sigkill"})
 # Scenarios for a domain on two node processes, which share a PostgreSQL database.
-CLUSTER_SCENARIOS = frozenset({"node-process-sigkill"})
+CLUSTER_SCENARIOS = frozenset({"node-process-sigkill", "node-process-moves"})
 # The two processes' heartbeat, and how long one is silent before the other takes it for gone.
 CLUSTER = {"heartbeat_seconds": 0.5, "gone_after_seconds": 2.0}
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
@@ -972,6 +980,13 @@ def scenario_setup(
     name: str, plan: Plan, args: argparse.Namespace, rng: random.Random
 ) -> tuple[Layout, FaultDriver]:
     single = Layout({"A": ["B"]}, ["B"], plan.count, plan.rate)
+    # Three pairs, so that the kernel puts runtimes on both of a cluster's processes.
+    cluster_pairs = Layout(
+        {f"S{i}": [f"R{i}"] for i in range(1, 4)},
+        [f"R{i}" for i in range(1, 4)],
+        plan.count // 3,
+        plan.rate / 3,
+    )
 
     async def nothing(run: Run) -> None:
         return None
@@ -1055,17 +1070,15 @@ def scenario_setup(
     if name == "persister-sigkill":
         # The first event persister, where the one lane's room is (start_stack).
         return single, restart("persister1", signal.SIGKILL)
+    if name == "node-process-moves":
+        # Every stub connection cut twice: each stub connects again through the proxy to
+        # whichever process the kernel picks, and its session moves there when it is another.
+        return cluster_pairs, network(0.0)
     if name == "node-process-sigkill":
-        # Three pairs over two processes: the kernel puts some runtimes on p2, which is
-        # killed and kept down until p1 has taken its sessions over (the runtimes come back
-        # through the proxy to p1 meanwhile), then started again as `up --nodes` would.
-        pairs = Layout(
-            {f"S{i}": [f"R{i}"] for i in range(1, 4)},
-            [f"R{i}" for i in range(1, 4)],
-            plan.count // 3,
-            plan.rate / 3,
-        )
-        return pairs, restart("node-process", signal.SIGKILL, plan.process_down_s)
+        # The process holding the most runtimes is killed and kept down until the other has
+        # taken its sessions over (the runtimes come back through the proxy to it meanwhile),
+        # then started again as `up --nodes` would.
+        return cluster_pairs, restart("node-process", signal.SIGKILL, plan.process_down_s)
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {

@@ -27,7 +27,7 @@ class Membership:
         positions: dict[str, str],
         heartbeat_seconds: float,
         gone_after_seconds: float,
-        take_over: Callable[[str], Awaitable[bool]],
+        take_over: Callable[[str], Awaitable[None]],
         on_struck: Callable[[], None],
     ) -> None:
         self._store = store

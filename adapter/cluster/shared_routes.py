@@ -48,12 +48,16 @@ class SharedRoutes:
         table: RoutingTable,
         reload: Callable[[], Awaitable[None]],
         on_process: Callable[[], Awaitable[None]],
+        on_handover: Callable[[str, str], None],
     ) -> None:
         self._db = db
         self._me = application_name(process)
         self._table = table
         self._reload = reload
         self._on_process = on_process
+        self._process = process
+        # Another process asks for a session this one holds: (runtime URL, the asker).
+        self._on_handover = on_handover
         self._task: asyncio.Task[None] | None = None
         self.listening = asyncio.Event()
         self._marks = itertools.count(1)
@@ -123,6 +127,10 @@ class SharedRoutes:
     def _apply(self, payload: str) -> None:
         try:
             note = orjson.loads(payload)
+            if note["t"] == "handover":
+                if note["from"] == self._process:
+                    self._on_handover(str(note["runtime"]), str(note["to"]))
+                return
             if note["by"] == self._me:
                 waiter = self._waiting.get(note["n"]) if note["t"] == "mark" else None
                 if waiter is not None and not waiter.done():

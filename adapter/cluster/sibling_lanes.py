@@ -58,6 +58,10 @@ class SiblingLanes:
     def rooms(self) -> list[str]:
         return list(self._feeds)
 
+    def positions(self) -> dict[str, str]:
+        """Each room's last event handed over."""
+        return {room: f.position for room, f in self._feeds.items() if f.position is not None}
+
     def handled_through(self, room_id: str) -> int:
         """The number of the last event of ``room_id`` handed over (0 for none or unknown)."""
         feed = self._feeds.get(room_id)
@@ -75,10 +79,10 @@ class SiblingLanes:
             return event_number(event.get("content"))
         return 0
 
-    async def catch_up(self, room_id: str, timeout: float) -> bool:
-        """Wait until ``room_id`` is read here up to its newest event; whether it was within
-        ``timeout`` seconds."""
-        target = await self.newest_number(room_id)
+    async def catch_up(self, room_id: str, timeout: float, through: int | None = None) -> bool:
+        """Wait until ``room_id`` is read here up to event number ``through`` (its newest when
+        None); whether it was within ``timeout`` seconds."""
+        target = await self.newest_number(room_id) if through is None else through
         try:
             async with asyncio.timeout(timeout):
                 while self.handled_through(room_id) < target:  # noqa: ASYNC110 - polled

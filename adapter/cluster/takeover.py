@@ -1,5 +1,16 @@
-"""Taking over the sessions of a node process that is gone (killed, its machine lost, or
-silent for longer than ``cluster.gone_after_seconds``).
+"""Taking a runtime's session over from the node process that holds it: all the sessions of
+a process that is gone, or one session, handed over by a live process, when its runtime reached
+another one.
+
+A live holder hands a session over when the process its runtime connected to asks (a NOTIFY):
+it closes the runtime's old connection (as replaced), stores what it kept for it, stops
+delivering to it, lets its lanes send what the runtime had sent, and writes into the session's
+row the new holder and the handover: where in each room its deliveries to the runtime stopped,
+and how far its lanes carry the runtime's messages. The new holder then takes it as below, from
+those positions; the handing process goes on.
+
+A process that is gone (killed, its machine lost, or silent for longer than
+``cluster.gone_after_seconds``):
 
 The first process that notices (a runtime of the gone process connecting to it, or its own
 heartbeat finding the other's stale) strikes the gone process from the domain and holds its
@@ -24,15 +35,20 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import structlog
 
 from appservice.intent import Intent
 
 from .. import carrier
 from ..routing.federation import event_number
+from ..routing.lanes import Lane
 from ..routing_table import RoutingTable
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
@@ -46,6 +62,12 @@ log = structlog.get_logger(__name__)
 
 PAGE = 100
 CATCH_UP_SECONDS = 10.0
+# How long the asking process waits for a live holder to hand a session over.
+HANDOVER_SECONDS = 5.0
+# A runtime's session moves at most once this often (each move reads rooms again): a runtime
+# flapping between processes faster is told to connect again later (503).
+HANDOVER_INTERVAL_SECONDS = 1.0
+RECENT_HANDOVERS = 10_000
 
 
 class TakeOver:
@@ -60,7 +82,11 @@ class TakeOver:
         bot: Intent,
         siblings: SiblingLanes,
         gone_after_seconds: float,
+        name: str,
+        lanes: Callable[[], list[Lane]],
     ) -> None:
+        self._name = name
+        self._lanes = lanes
         self._rows = rows
         self._processes = processes
         self._checkpoints = checkpoints
@@ -71,18 +97,90 @@ class TakeOver:
         self._siblings = siblings
         self._gone_after = timedelta(seconds=gone_after_seconds)
         self._lock = asyncio.Lock()
+        self._recent: OrderedDict[str, float] = OrderedDict()  # runtime URL -> when it moved
         self._filter = {"types": [carrier.BATCH_EVENT], "senders": [bot.user_id]}
 
-    async def __call__(self, holder: str) -> bool:
-        """Take the sessions of ``holder`` if it is gone ("": sessions nobody holds); whether
-        this process holds them now."""
+    async def __call__(self, holder: str, runtime_url: str) -> bool:
+        """Take the runtime's session from ``holder``: with all of its others if it is gone
+        ("": sessions nobody holds), handed over if it is alive. Whether this process holds
+        it now."""
+        processes = await self._processes.all()
+        listed = {row.name: row for row in processes}
+        if holder and holder in listed and ProcessStore.alive(listed[holder], self._gone_after):
+            return await self._handed(holder, runtime_url, processes)
         async with self._lock:
-            processes = await self._processes.all()
-            listed = {row.name: row for row in processes}
-            if holder and holder in listed and ProcessStore.alive(listed[holder], self._gone_after):
-                return False
-            await self._take(holder, processes)
-            return True
+            await self._take(holder, await self._processes.all())
+        return True
+
+    async def gone(self, holder: str) -> None:
+        """Take every session of ``holder``, if it is gone."""
+        await self(holder, "")
+
+    # -- a live holder's session ----------------------------------------------------------------
+
+    async def _handed(self, holder: str, runtime_url: str, processes: list[Any]) -> bool:
+        now = time.monotonic()
+        last = self._recent.get(runtime_url)
+        if last is not None and now - last < HANDOVER_INTERVAL_SECONDS:
+            return False
+        self._recent[runtime_url] = now
+        self._recent.move_to_end(runtime_url)
+        while len(self._recent) > RECENT_HANDOVERS:
+            self._recent.popitem(last=False)
+        await self._processes.ask_for(holder, runtime_url, self._name)
+        found = None
+        try:
+            async with asyncio.timeout(HANDOVER_SECONDS):
+                while (found := await self._rows.handed_here(runtime_url)) is None:  # noqa: ASYNC110 - the row is in the database
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            log.warning("a session was not handed over in time", process=holder)
+            return False
+        row, handover = found
+        given = orjson.loads(handover)
+        sessions = self._sessions.adopt(
+            [row], await self._checkpoints.next_start(), await self._pending.stored()
+        )
+        before: dict[int, list[Parcel]] = {}
+        try:
+            lanes = {room: n for process in processes for room, n in process.lanes}
+            before = await self._read_again(given["positions"], {s.id for s in sessions}, lanes)
+            for room, through in given["sent"].items():
+                await self._siblings.catch_up(room, CATCH_UP_SECONDS, through)
+        except Exception:
+            log.exception("reading the rooms again for a handed session failed", process=holder)
+        finally:
+            self._sessions.adopted(sessions, before)
+        await self._rows.taken(row.id)
+        log.info("session handed over", process=holder, runtime=runtime_url)
+        return True
+
+    async def give(self, runtime_url: str, to: str) -> None:
+        """Hand the runtime's session to process ``to``, if this process holds it."""
+        lanes = self._lanes()
+
+        def positions() -> dict[str, str]:
+            # Where deliveries to it stop, room by room: what was complete before now.
+            own = {
+                lane.room_id: lane.delivered_through
+                for lane in lanes
+                if lane.room_id is not None and lane.delivered_through is not None
+            }
+            return {**self._siblings.positions(), **own}
+
+        handed = await self._sessions.hand_over(runtime_url, positions)
+        if handed is None:
+            return
+        session, stopped = handed
+        # What the runtime sent here leaves with the lanes: the new holder reads it first.
+        for lane in lanes:
+            await lane.flush(CATCH_UP_SECONDS)
+        sent = {lane.room_id: lane.last_number for lane in lanes if lane.room_id is not None}
+        handover = orjson.dumps({"positions": stopped, "sent": sent}).decode()
+        if not await self._rows.hand_over(session.id, to, handover):
+            log.error("a session could not be handed over", runtime=runtime_url, to=to)
+
+    # -- a gone process's sessions --------------------------------------------------------------
 
     async def _take(self, gone: str, processes: list[Any]) -> None:
         rows = await self._rows.take_over(gone)
@@ -97,7 +195,8 @@ class TakeOver:
         lanes = {room: n for row in processes for room, n in row.lanes}
         before: dict[int, list[Parcel]] = {}
         try:
-            before = await self._read_again(gone, taken, lanes)
+            positions = await self._checkpoints.positions(process=gone)
+            before = await self._read_again(positions, taken, lanes)
             for row in processes:
                 if row.name == gone:
                     for room, _n in row.lanes:
@@ -116,10 +215,9 @@ class TakeOver:
         )
 
     async def _read_again(
-        self, gone: str, taken: set[int], lanes: dict[str, int]
+        self, positions: dict[str, str], taken: set[int], lanes: dict[str, int]
     ) -> dict[int, list[Parcel]]:
-        """What the lanes carried for ``taken`` after the gone process's positions."""
-        positions = await self._checkpoints.positions(process=gone)
+        """What the lanes carried for ``taken`` after ``positions``."""
         rooms = [
             await self._events_after(room, positions.get(room), n) for room, n in lanes.items()
         ]

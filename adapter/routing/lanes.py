@@ -123,6 +123,9 @@ class Lane(StreamOutbox):
         self.room_id: str | None = None
         self.ready = asyncio.Event()
         self._n = 0  # the number of the lane's last persisted event: consecutive in its room
+        # The last event whose delivery is complete (a session handed to another process is
+        # read again from there).
+        self.delivered_through: str | None = None
         self._deliveries: deque[tuple[list[Outgoing], Ticket, float]] = deque()
         self._delivering: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -184,6 +187,7 @@ class Lane(StreamOutbox):
             while self._deliveries:
                 batch, ticket, sent_at = self._deliveries.popleft()
                 await self._deliver_event([i.routed for i in batch], ticket, sent_at)
+                self.delivered_through = ticket.event_id
         finally:
             self._delivering = None
             self._idle.set()
@@ -227,6 +231,7 @@ class Lane(StreamOutbox):
         """Recovery hands over an event read from the room again."""
         assert self.room_id is not None
         await self._delivery.deliver(routed, self._ledger_for(self.room_id).open(event_id))
+        self.delivered_through = event_id
 
     async def flush(self, timeout: float) -> bool:
         sent = await self.stream.flush(timeout)

@@ -90,6 +90,11 @@ class PeerFeed:
         return self._held_bytes
 
     @property
+    def position(self) -> str | None:
+        """The last event handed over."""
+        return self._position
+
+    @property
     def last_n(self) -> int:
         """The writer's number of the last event handed over."""
         return self._last_n

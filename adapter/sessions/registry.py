@@ -39,8 +39,9 @@ RELEASE_RETRY_SECONDS = 60.0
 # gone before it is sent to connect again.
 TAKE_OVER_WAIT_SECONDS = 30.0
 
-# Takes the sessions of a node process that is gone, if it is: whether it did.
-TakeOver = Callable[[str], Coroutine[Any, Any, bool]]
+# Takes the runtime's session (named second) from the node process holding it (named first):
+# all its sessions if it is gone, this one handed over if it is alive. Whether it did.
+TakeOver = Callable[[str, str], Coroutine[Any, Any, bool]]
 
 
 class SessionRefused(Exception):
@@ -66,7 +67,7 @@ class SessionRows(Protocol):
 
     async def delete(self, session_id: int) -> None: ...
 
-    async def holder_of(self, runtime_url: str) -> str | None: ...
+    async def held(self, runtime_url: str) -> tuple[str, Any] | None: ...
 
     async def detach_all(self) -> None: ...
 
@@ -226,6 +227,35 @@ class SessionRegistry:
         self._evict_beyond_bound()
         return sessions
 
+    async def hand_over(
+        self, runtime_url: str, at_removal: Callable[[], Any]
+    ) -> tuple[Session, Any] | None:
+        """The runtime reached another node process, which takes its session: the connection
+        here (if any) is closed as replaced, what is kept for the runtime is stored, and the
+        session leaves this process without being released (its routes stay the domain's).
+        ``at_removal`` is called the moment nothing is delivered to it here any more; its
+        result comes back with the session. None when this process does not hold it."""
+        async with self._serial.line(runtime_url):
+            session = self._by_runtime.get(runtime_url)
+            if session is None:
+                return None
+            attachment = session.attachment
+            if attachment is not None:
+                session.attachment = None
+                session.mailbox.detach(attachment.link)
+                self._connections.dec()
+                self._spawn(attachment.link.close(CLOSE_REPLACED, "taken by another node process"))
+            self._detached.pop(session.id, None)
+            self._by_id.pop(session.id, None)
+            self._by_runtime.pop(session.runtime_url, None)
+            self._by_key.pop(session.key, None)
+            snapshot = at_removal()
+            await session.mailbox.store_all(self._deliveries)
+            # What still reaches it here (an event being delivered right now) is not kept: the
+            # new holder reads that event again.
+            session.mailbox.discarded = True
+            return session, snapshot
+
     def adopted(self, sessions: list[Session], before: dict[int, list[Parcel]]) -> None:
         """The sessions' deliveries read again from the rooms (``before``, per session) come
         first, then what was held; their runtimes may connect."""
@@ -255,15 +285,29 @@ class SessionRegistry:
         self._by_key[session.key] = session
         Lifecycle._tell(self._lifecycle.added, session)
 
-    async def held_elsewhere(self, runtime_url: str) -> str | None:
+    async def held_elsewhere(
+        self, runtime_url: str, token: str | None, identity: Identity | None
+    ) -> str | None:
         """The node process that holds the runtime's session when another one does ("" for a
         session nobody holds); None when this process may take the runtime."""
         if self._process is None or runtime_url in self._by_runtime:
             return None
-        holder = await self._rows.holder_of(runtime_url)
-        if holder is None or holder == self._process:
+        found = await self._rows.held(runtime_url)
+        if found is None:
             return None
-        if self._take_over is not None and await self._take_over(holder):
+        holder, row = found
+        if holder == self._process:
+            return None
+        # Only a connection that may have the session moves it: taking it over closes the
+        # runtime's connection at its holder, which no one else may do to it.
+        session = self._from_row(row, self._epoch, {}, utcnow())
+        if token is not None:
+            if self._tokens.verify(token, runtime_url).session_id != row.id:
+                raise TokenRejected("session token names a session that no longer exists")
+            self._admit_with_token(session, identity)
+        else:
+            self._admit_without_token(session, identity)
+        if self._take_over is not None and await self._take_over(holder, runtime_url):
             return None
         return holder
 

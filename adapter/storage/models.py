@@ -78,6 +78,9 @@ class RuntimeSession(Base):
     # The node process that holds the session (its connection, or its deliveries while it is
     # away) when the domain runs several; NULL with one.
     holder: Mapped[str | None] = mapped_column(String(64))
+    # Set by a process handing the session to another (JSON): from where the new holder reads
+    # the rooms again for it, and how far the old one's lanes carry its runtime's messages.
+    handover: Mapped[str | None] = mapped_column(Text)
 
 
 class Allocation(Base):

@@ -102,6 +102,17 @@ class ProcessStore:
 
         await self._db.run(op)
 
+    async def ask_for(self, holder: str, runtime_url: str, asker: str) -> None:
+        """Ask node process ``holder`` to hand the runtime's session to ``asker``."""
+        payload = orjson.dumps(
+            {"t": "handover", "from": holder, "to": asker, "runtime": runtime_url, "by": ""}
+        ).decode()
+
+        def op(conn: Connection) -> None:
+            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": ROUTES_CHANNEL, "p": payload})
+
+        await self._db.run(op)
+
     async def heartbeat(self, name: str) -> bool:
         """False when the process's row is gone: another process took it for gone and holds
         its sessions now."""

@@ -119,15 +119,26 @@ class SessionStore:
         [(session_id,)] = created
         return int(session_id)
 
+    async def held(self, runtime_url: str) -> tuple[str, SessionRow] | None:
+        """The runtime's session and the process holding it ("" when nobody holds it); None
+        when it has none."""
+
+        def op(conn: Connection) -> tuple[str, SessionRow] | None:
+            found = conn.execute(
+                select(*_ROW_COLUMNS, _S.holder).where(_S.runtime_url == runtime_url)
+            ).first()
+            if found is None:
+                return None
+            fields = found._asdict()
+            return fields.pop("holder") or "", SessionRow(**fields)
+
+        return await self._db.run(op)
+
     async def holder_of(self, runtime_url: str) -> str | None:
         """The process holding the runtime's session: None when it has none, "" when nobody
         holds it."""
-
-        def op(conn: Connection) -> str | None:
-            found = conn.execute(select(_S.holder).where(_S.runtime_url == runtime_url)).first()
-            return None if found is None else (found[0] or "")
-
-        return await self._db.run(op)
+        found = await self.held(runtime_url)
+        return None if found is None else found[0]
 
     def _held_here(self) -> ColumnElement[bool]:
         return _S.holder.is_(None) if self._holder is None else _S.holder == self._holder
@@ -172,6 +183,48 @@ class SessionStore:
             return [SessionRow(**row._asdict()) for row in rows]
 
         return await self._db.run(op)
+
+    async def hand_over(self, session_id: int, to: str, handover: str) -> bool:
+        """Make ``to`` the holder of a session this process holds, with what it needs to take
+        it (``handover``, JSON). False if this process did not hold it."""
+
+        def op(conn: Connection) -> bool:
+            result = conn.execute(
+                update(_S)
+                .where(_S.id == session_id, _S.holder == self._holder)
+                .values(holder=to, handover=handover, state=SessionState.DETACHED)
+            )
+            return bool(result.rowcount)
+
+        return await self._db.run(op)
+
+    async def handed_here(self, runtime_url: str) -> tuple[SessionRow, str] | None:
+        """The runtime's session if another process handed it to this one and it is not taken
+        yet: its row and the handover."""
+
+        def op(conn: Connection) -> tuple[SessionRow, str] | None:
+            found = conn.execute(
+                select(*_ROW_COLUMNS, _S.handover).where(
+                    _S.runtime_url == runtime_url,
+                    _S.holder == self._holder,
+                    _S.handover.is_not(None),
+                )
+            ).first()
+            if found is None:
+                return None
+            fields = found._asdict()
+            handover = fields.pop("handover")
+            return SessionRow(**fields), str(handover)
+
+        return await self._db.run(op)
+
+    async def taken(self, session_id: int) -> None:
+        """The handed session is this process's now: its handover is done with."""
+
+        def op(conn: Connection) -> None:
+            conn.execute(update(_S).where(_S.id == session_id).values(handover=None))
+
+        await self._db.run(op)
 
     async def runtimes(self) -> list[tuple[int, str]]:
         """(id, runtimeURL) of every session of the domain, whoever holds it."""

@@ -145,11 +145,11 @@ class StubEndpoint:
             try:
                 identity = await self._authenticate(query.get("auth_type"), query.get("auth_token"))
                 self._sessions.admit(runtime_url, token, identity)
+                holder = await self._sessions.held_elsewhere(runtime_url, token, identity)
             except (TokenRejected, IdentityRejected, SessionRefused) as exc:
                 raise web.HTTPUnauthorized(text=str(exc)) from None
             except IdentityUnavailable as exc:
                 raise web.HTTPServiceUnavailable(text=exc.reason) from None
-            holder = await self._sessions.held_elsewhere(runtime_url)
             if holder is not None:
                 raise web.HTTPServiceUnavailable(
                     text=_held_elsewhere(holder), headers={"Retry-After": "1"}
@@ -461,7 +461,9 @@ class StubEndpoint:
             auth = {}
         try:
             identity = await self._authenticate(auth.get("type"), auth.get("token"))
-            holder = await self._sessions.held_elsewhere(runtime_url)
+            holder = await self._sessions.held_elsewhere(
+                runtime_url, token if isinstance(token, str) and token else None, identity
+            )
             if holder is not None:
                 raise HeldElsewhere(holder)
             return await self._attach(

@@ -38,6 +38,7 @@ def _key_without_process(table: str, key: str) -> None:
 
 def upgrade() -> None:
     op.add_column("runtime_sessions", sa.Column("holder", sa.String(64), nullable=True))
+    op.add_column("runtime_sessions", sa.Column("handover", sa.Text(), nullable=True))
     _key_by_process("lane_positions", "room_id")
     _key_by_process("sender_marks", "origin")
     op.create_table(
@@ -55,4 +56,5 @@ def downgrade() -> None:
     _key_without_process("sender_marks", "origin")
     _key_without_process("lane_positions", "room_id")
     with op.batch_alter_table("runtime_sessions") as batch:
+        batch.drop_column("handover")
         batch.drop_column("holder")

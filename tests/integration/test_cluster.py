@@ -116,32 +116,77 @@ async def test_runtimes_on_two_processes_reach_each_other_in_order(
         await bob.close()
 
 
-async def test_a_runtime_is_held_by_one_process_at_a_time(
+async def test_a_runtime_reaching_another_process_takes_its_session_there(
     processes: tuple[StartProcess, dict[str, Node]],
 ) -> None:
+    """carol is connected to p1; a second connection of hers reaches p2: p2 takes the session
+    (her routes with it), p1 closes the older connection as replaced (4409), and she is held
+    by one process at a time."""
     start, _running = processes
     p1, p2 = await start("p1"), await start("p2")
     carol = await _runtime(p1, "carol", acked=False)
     async with asyncio.timeout(10):
         while p1.sessions.by_runtime(carol.runtime_url) is None:
             await asyncio.sleep(0.02)
+    [c] = await carol.allocate(D)
+    again = PyRuntime(stub_url(p2), carol.runtime_url)
     try:
-        # Held by p1: p2 sends the stub back to the load balancer, with a reason.
-        async with aiohttp.ClientSession() as http:
-            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-                await http.ws_connect(stub_url(p2), params={"runtimeURL": f"runtime://{D}/carol"})
-        assert refused.value.status == 503
-        # A v1 handshake is answered 503 on the socket, which is then closed.
-        v1 = await PyRuntime(stub_url(p2), f"runtime://{D}/carol").connect(handshake="v1")
-        assert v1.connect_answer is not None and v1.connect_answer["response"] == 503
-        assert "held by node process p1" in v1.connect_answer["desc"], v1.connect_answer
-        await v1.close()
-        # Released (`disconnect`), the runtime may connect to either.
-        await carol.disconnect()
-        again = await _runtime(p2, "carol", acked=False)
-        await again.close()
+        await again.connect(handshake="v1")
+        assert again.connect_answer is not None and again.connect_answer["response"] == 200
+        assert again.connect_answer["data"]["session"] == "resumed"
+        async with asyncio.timeout(10):
+            while carol.close_code is None:
+                await asyncio.sleep(0.02)
+        assert carol.close_code == 4409
+        assert p1.sessions.by_runtime(carol.runtime_url) is None
+        held = p2.sessions.by_runtime(carol.runtime_url)
+        assert held is not None and p2.table.owner(c) == held.id == p1.table.owner(c)
     finally:
         await carol.close()
+        await again.close()
+
+
+async def test_a_runtime_moving_between_processes_loses_nothing_sent_to_it(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    """ivan streams to judy while judy's stub reconnects to the other process, back and forth
+    (a reload, a load balancer that picks another process): every message arrives once, in
+    order."""
+    start, _running = processes
+    p1, p2 = await start("p1"), await start("p2")
+    await _reading(p1, 1)
+    await _reading(p2, 1)
+    ivan, judy = await _runtime(p1, "ivan"), await _runtime(p1, "judy")
+    try:
+        [i] = await ivan.allocate(D)
+        [j] = await judy.allocate(D)
+        total = 200
+
+        async def stream() -> None:
+            for n in range(1, total + 1):
+                await ivan.send(_message(n, i, j))
+                await asyncio.sleep(0.01)
+
+        sending = asyncio.create_task(stream())
+        got: list[int] = []
+        for moves, target in enumerate((p2, p1, p2), start=1):
+            while len(got) < 50 * moves:
+                got.append((await judy.receive(timeout=20))["body"]["n"])
+            await judy.drop()
+            judy.stub_url = stub_url(target)
+            await judy.connect()
+            assert judy.connect_answer is not None and judy.connect_answer["response"] == 200
+        while len(got) < total:
+            got.append((await judy.receive(timeout=20))["body"]["n"])
+        await sending
+        assert got == list(range(1, total + 1))
+        assert await judy.nothing_within(0.5)
+        # And back: judy's answer reaches ivan wherever she is now.
+        await judy.send(_message(999, j, i))
+        assert (await ivan.receive())["body"]["n"] == 999
+    finally:
+        await ivan.close()
+        await judy.close()
 
 
 async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhile(
@@ -244,3 +289,30 @@ async def test_a_runtime_of_a_gone_process_connecting_elsewhere_takes_its_sessio
         await heidi.close()
         await p2.stop()
         del running["p2"]
+
+
+async def test_a_connection_that_may_not_have_a_session_cannot_move_it(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    """kate's session is protected (her stub holds its token). Someone else connecting to p2
+    as kate, without the token, is refused there, and kate's connection to p1 stays up: moving
+    a session closes its runtime's connection, which nobody else may do."""
+    start, _running = processes
+    p1, p2 = await start("p1"), await start("p2")
+    kate = await _runtime(p1, "kate")
+    mallory = PyRuntime(stub_url(p2), kate.runtime_url)
+    try:
+        await mallory.connect(handshake="v1")
+        assert mallory.connect_answer is not None and mallory.connect_answer["response"] == 401
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(stub_url(p2), params={"runtimeURL": kate.runtime_url})
+        assert refused.value.status == 401
+        await asyncio.sleep(0.3)
+        assert kate.close_code is None
+        held = p1.sessions.by_runtime(kate.runtime_url)
+        assert held is not None and held.attachment is not None
+        assert p2.sessions.by_runtime(kate.runtime_url) is None
+    finally:
+        await mallory.close()
+        await kate.close()
