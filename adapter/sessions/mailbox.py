@@ -35,19 +35,6 @@ class Ticket(Protocol):
     @property
     def event_id(self) -> str | None: ...
 
-    async def store_all(self, store: DeliveryStore) -> None:
-        """Write everything this mailbox keeps or has in flight to ``store`` (the session goes
-        to another node process, which resumes it from there)."""
-        await self._written.wait()
-        entries = self._take(None, leave_kept=False)
-        if entries:
-            try:
-                await store.append(self.session_id, entries)
-            except BaseException:
-                self.not_stored(entries)
-                raise
-            self.stored(entries)
-
     def hold(self) -> None:
         """One more delivery of the event is not settled yet."""
 
@@ -249,6 +236,19 @@ class Mailbox:
         self._kept.append(self._new_entry(dseq, parcel, ticket))
         self._on_dirty(self)
         return "queued"
+
+    async def store_all(self, store: DeliveryStore) -> None:
+        """Write everything this mailbox keeps or has in flight to ``store`` (the session goes
+        to another node process, which resumes it from there)."""
+        await self._written.wait()
+        entries = self._take(None, leave_kept=False)
+        if entries:
+            try:
+                await store.append(self.session_id, entries)
+            except BaseException:
+                self.not_stored(entries)
+                raise
+            self.stored(entries)
 
     def hold(self) -> None:
         """Keep what is delivered aside until ``unhold``."""

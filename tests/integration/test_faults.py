@@ -33,12 +33,19 @@ from fault_check import (  # noqa: E402
     recovery_times,
 )
 from fault_stack import HomeserverProxy, Proxy, postgres_reachable  # noqa: E402
-from faults import SCENARIOS, WORKER_SCENARIOS, verdict_ok  # noqa: E402
+from faults import CLUSTER_SCENARIOS, SCENARIOS, WORKER_SCENARIOS, verdict_ok  # noqa: E402
 
 RECOVERY_LIMIT_S = 5.0
 # Every scenario runs on SQLite; on PostgreSQL those where the node's database is what the
 # fault hits (the whole list on both: bench/faults.py --quick --database sqlite,postgresql).
-POSTGRESQL_SCENARIOS = ("node-sigterm", "node-sigkill", "database-outage", "monkey")
+# With PostgreSQL also the domain on two node processes (CLUSTER_SCENARIOS).
+POSTGRESQL_SCENARIOS = (
+    "node-sigterm",
+    "node-sigkill",
+    "database-outage",
+    "monkey",
+    *sorted(CLUSTER_SCENARIOS),
+)
 
 
 def sent(sender: str, seqs: range, to: str = "B", acked: bool = True) -> list[Attempt]:
@@ -394,7 +401,9 @@ async def test_quick_fault_suite(
         workers = ["--homeserver-workers", "2"]
         scenarios: tuple[str, ...] = ("synapse-sigkill", *sorted(WORKER_SCENARIOS))
     elif mode == "sqlite":
-        scenarios = tuple(s for s in SCENARIOS if s not in WORKER_SCENARIOS)
+        scenarios = tuple(
+            s for s in SCENARIOS if s not in WORKER_SCENARIOS and s not in CLUSTER_SCENARIOS
+        )
     else:
         scenarios = POSTGRESQL_SCENARIOS
     database = "postgresql" if mode == "postgresql" else "sqlite"
