@@ -112,6 +112,12 @@ class TakeOver:
             await self._take(holder, await self._processes.all())
         return True
 
+    async def _alive(self, name: str) -> bool:
+        return any(
+            row.name == name and ProcessStore.alive(row, self._gone_after)
+            for row in await self._processes.all()
+        )
+
     async def gone(self, holder: str) -> None:
         """Take every session of ``holder``, if it is gone."""
         await self(holder, "")
@@ -129,13 +135,17 @@ class TakeOver:
             self._recent.popitem(last=False)
         await self._processes.ask_for(holder, runtime_url, self._name)
         found = None
-        try:
-            async with asyncio.timeout(HANDOVER_SECONDS):
-                while (found := await self._rows.handed_here(runtime_url)) is None:  # noqa: ASYNC110 - the row is in the database
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            log.warning("a session was not handed over in time", process=holder)
-            return False
+        deadline = time.monotonic() + HANDOVER_SECONDS
+        while (found := await self._rows.handed_here(runtime_url)) is None:
+            if time.monotonic() > deadline:
+                log.warning("a session was not handed over in time", process=holder)
+                return False
+            await asyncio.sleep(0.05)
+            if not await self._alive(holder):
+                # It died before it could answer: its sessions are taken as a gone one's.
+                async with self._lock:
+                    await self._take(holder, await self._processes.all())
+                return True
         row, handover = found
         given = orjson.loads(handover)
         sessions = self._sessions.adopt(
