@@ -72,11 +72,6 @@ class Membership:
                         after = await self._siblings.newest_number(room_id)
                     self._siblings.follow(room_id, row.name, position, after)
 
-    async def alive(self) -> set[str]:
-        return {
-            row.name for row in await self._store.all() if ProcessStore.alive(row, self._gone_after)
-        }
-
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(self._heartbeat)
