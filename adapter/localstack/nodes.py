@@ -21,11 +21,15 @@ from ..storage import migrate
 from .homeserver_database import ensure_homeserver_database, without_password
 from .synapse import (
     LocalStackError,
-    SynapseProcess,
-    ensure_synapse_installed,
-    write_homeserver_config,
 )
-from .up import ensure_config, homeserver_settings, make_state_private
+from .up import (
+    ensure_config,
+    forget_signals,
+    homeserver_settings,
+    make_state_private,
+    prepared_synapse,
+    stop_on_signals,
+)
 
 NODES_DIR = "nodes"
 # How long a process gets to start, and to stop cleanly before it is killed.
@@ -165,15 +169,8 @@ async def up_nodes(state_dir: Path, say: Callable[[str], None], options: NodesOp
             f"{config_path}: database.url must be PostgreSQL for --nodes (the processes share it)"
         )
     settings = homeserver_settings(config, state_dir)
-    python = await asyncio.to_thread(ensure_synapse_installed, None, say)
-    write_homeserver_config(settings)
-    synapse = SynapseProcess(python, settings)
-    await asyncio.to_thread(synapse.generate_keys)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    synapse = await prepared_synapse(settings, say)
+    stop = stop_on_signals()
     nodes = NodeProcesses(config_path, options.count, say)
     watcher: asyncio.Task[None] | None = None
     try:
@@ -205,8 +202,7 @@ async def up_nodes(state_dir: Path, say: Callable[[str], None], options: NodesOp
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        forget_signals()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

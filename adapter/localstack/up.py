@@ -184,6 +184,30 @@ async def with_workers(
     return dataclasses.replace(settings, database_url=database, workers=layout)
 
 
+async def prepared_synapse(settings: SynapseSettings, say: Callable[[str], None]) -> SynapseProcess:
+    """Synapse installed (once), configured and keyed for ``settings``; not started."""
+    python = await asyncio.to_thread(ensure_synapse_installed, None, say)
+    write_homeserver_config(settings)
+    synapse = SynapseProcess(python, settings)
+    await asyncio.to_thread(synapse.generate_keys)
+    return synapse
+
+
+def stop_on_signals() -> asyncio.Event:
+    """Set on SIGINT or SIGTERM (the caller removes the handlers when done)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def forget_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+
+
 async def up(
     config_path: Path,
     state_dir: Path,
@@ -208,15 +232,8 @@ async def up(
     if workers is not None:
         settings = await with_workers(settings, config, workers)
 
-    python = await asyncio.to_thread(ensure_synapse_installed, None, say)
-    write_homeserver_config(settings)
-    synapse = SynapseProcess(python, settings)
-    await asyncio.to_thread(synapse.generate_keys)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    synapse = await prepared_synapse(settings, say)
+    stop = stop_on_signals()
 
     node: Node | None = None
     try:
@@ -249,8 +266,7 @@ async def up(
         )
         exit_code = await _wait_for_stop_or_crash(stop, synapse)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        forget_signals()
         if node is not None:
             await node.stop()
         say("stopping Synapse")
@@ -332,10 +348,7 @@ async def up_two_domains(state_dir: Path, say: Callable[[str], None]) -> int:
     signs their certificates) and a node for each."""
     await asyncio.to_thread(make_state_private, state_dir, say)
     configs = (two_domain_config(state_dir, 0, say), two_domain_config(state_dir, 1, say))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     synapses: tuple[SynapseProcess, ...] = ()
     nodes: list[Node] = []
     try:
@@ -362,8 +375,7 @@ async def up_two_domains(state_dir: Path, say: Callable[[str], None]) -> int:
         )
         exit_code = await _wait_for_stop_or_crash(stop, *synapses)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        forget_signals()
         for node in nodes:
             await node.stop()
         if synapses:

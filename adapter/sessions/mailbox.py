@@ -238,8 +238,8 @@ class Mailbox:
         return "queued"
 
     async def store_all(self, store: DeliveryStore) -> None:
-        """Write everything this mailbox keeps or has in flight to ``store`` (the session goes
-        to another node process, which resumes it from there)."""
+        """Write everything this mailbox keeps or has in flight to ``store``: before a resume
+        replays from it, or when the session goes to another node process."""
         await self._written.wait()
         entries = self._take(None, leave_kept=False)
         if entries:
@@ -382,14 +382,7 @@ class Mailbox:
             self._drop_received(received)
         after = max(received, self._acked) if self._acking else 0
         # Store what is in memory, so the replay reads one ordered source.
-        entries = self._take(None, leave_kept=False)
-        if entries:
-            try:
-                await store.append(self.session_id, entries)
-            except BaseException:
-                self.not_stored(entries)
-                raise
-            self.stored(entries)
+        await self.store_all(store)
         await self._written.wait()
         while self._link is link:
             rows = await store.after(self.session_id, after, 500)
