@@ -52,6 +52,18 @@ PACK_LIMIT = 4 * INLINE_LIMIT
 # The most a packed batch may unpack to (no writer packs more): a peer's event of a few kB
 # cannot make this node allocate, or spend its event loop inflating, more than that.
 UNPACKED_LIMIT = PACK_LIMIT
+# A batch sized for one packed event aims this far under the limit: its size is estimated from
+# how much the stream's previous batch deflated, and an estimate that misses sends it as media.
+PACKED_TARGET = INLINE_LIMIT * 9 // 10
+# An inline batch at least this big is tried packed as well, and goes packed when that is at
+# most this share of its inline size.
+PACK_ABOVE = INLINE_LIMIT // 2
+PACKED_WORTH_IT = 0.8
+# However well a batch deflated, the next is sized as if it deflated no better than this (a
+# repetitive batch must not make the next, different one far too big for an event).
+MIN_PACKED_PER_BYTE = 0.25
+# A message's frame header ("<sender> <oseq> <len(to)> <len(text)>\n") is at most this long.
+FRAME_HEADER = 40
 
 T_contra = TypeVar("T_contra", contravariant=True)
 
@@ -74,6 +86,12 @@ class Sender:
     def entry(self) -> list[str]:
         fields = [self.origin, self.runtime, self.user]
         return fields if self.identity is None else [*fields, self.identity]
+
+    def size(self) -> int:
+        """About the bytes its entry takes in a sender table (for estimates: the fields are
+        checked addresses and ids, with nothing to escape as a rule)."""
+        fields = len(self.origin) + len(self.runtime) + len(self.user) + len(self.identity or "")
+        return fields + 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,29 +154,45 @@ class HasRouted(Protocol):
 
 class LaneEncoder:
     """Lane batches: messages inline as JSON strings with their sender and destinations, or
-    framed in media."""
+    framed, deflated into the event (packed) or in media."""
 
     event_type = BATCH_EVENT
+
+    def __init__(self) -> None:
+        # Bytes of packed content per byte of frames in the last batch this encoder packed:
+        # how well its traffic deflates (base64 takes back a third of what deflate saves). 1.0
+        # until then: random text (the least deflate can do) packs to about its own size.
+        self.packed_per_frame_byte = 1.0
 
     def size(self, item: HasRouted) -> int:
         return len(item.routed.text)
 
     def fit(self, items: Sequence[HasRouted]) -> int:
-        """How many of ``items``, from the first, fit in one inline event: an estimate from
-        above (quotes and backslashes count twice; ``encode`` checks the real size)."""
-        budget = INLINE_LIMIT - INLINE_FIELDS
+        """How many of ``items``, from the first, travel in one event: inline (an estimate from
+        above: quotes and backslashes count twice; ``encode`` checks the real size) or packed,
+        whichever takes more (estimated from how the last packed batch deflated)."""
+        inline_budget = INLINE_LIMIT - INLINE_FIELDS
+        packed_budget = (PACKED_TARGET - INLINE_FIELDS) / self.packed_per_frame_byte
         seen: set[Sender] = set()
-        total = 0
+        inline = frames = 0
+        inline_taken: int | None = None
         for taken, item in enumerate(items):
             routed = item.routed
-            if routed.sender not in seen:
-                seen.add(routed.sender)
-                total += len(orjson.dumps(routed.sender.entry())) + 1
+            sender = routed.sender
+            if sender not in seen:
+                seen.add(sender)
+                entry = sender.size()
+                inline += entry
+                frames += entry
             text = routed.text
-            total += len(text) + text.count('"') + text.count("\\") + MESSAGE_FIELDS
-            total += sum(len(to) + 3 for to in routed.to)
-            if total > budget:
-                return taken
+            length = len(text) if text.isascii() else len(text.encode())
+            to = sum(len(to) + 3 for to in routed.to)
+            inline += length + text.count('"') + text.count("\\") + MESSAGE_FIELDS + to
+            frames += length + to + FRAME_HEADER
+            if inline_taken is None and inline > inline_budget:
+                inline_taken = taken
+            if inline_taken is not None and (frames > packed_budget or frames > PACK_LIMIT):
+                return max(inline_taken, taken)
         return len(items)
 
     def encode(self, header: dict[str, Any], items: Sequence[HasRouted]) -> Encoded:
@@ -173,8 +207,8 @@ class LaneEncoder:
         sender_table = orjson.dumps(senders)
         prefix = _open(fields)
         inline_prefix = b"".join((_open(fields), b',"senders":', sender_table))
-        # Escaping can only grow a text, so a batch whose raw size is already too big goes to
-        # media without paying for the escaping.
+        # Escaping can only grow a text, so a batch whose raw size is already too big skips it.
+        inline: bytes | None = None
         if sum(len(i.routed.text) for i in items) + len(inline_prefix) < INLINE_LIMIT:
             inline = _inline(
                 inline_prefix,
@@ -184,7 +218,9 @@ class LaneEncoder:
                     for r in (i.routed for i in items)
                 ],
             )
-            if len(inline) <= INLINE_LIMIT:
+            if len(inline) > INLINE_LIMIT:
+                inline = None
+            elif len(inline) < PACK_ABOVE:
                 return Encoded(inline, None, inline_prefix, FRAMES)
         # In media the sender table travels in the blob too: a batch of hundreds of runtimes'
         # messages would not fit an event beside it.
@@ -196,11 +232,18 @@ class LaneEncoder:
         if len(blob) <= PACK_LIMIT:
             # Deflated, most batches of a few hundred messages still fit an event: that spares
             # the upload and, across domains, the far homeserver's fetch of the media from
-            # this one (a request over federation per event).
+            # this one (a request over federation per event). A large batch that fits inline
+            # is packed too when that makes its event clearly smaller (every reader pays an
+            # inflate for it), and tells ``fit`` how well this traffic deflates.
             packed = base64.b64encode(zlib.compress(blob, 1))
-            inline = b"".join((prefix, b',"packed":"', packed, b'"}'))
-            if len(inline) <= INLINE_LIMIT:
-                return Encoded(inline, None, prefix, FRAMES, packed=True)
+            self.packed_per_frame_byte = max(len(packed) / len(blob), MIN_PACKED_PER_BYTE)
+            content = b"".join((prefix, b',"packed":"', packed, b'"}'))
+            if len(content) <= INLINE_LIMIT and (
+                inline is None or len(content) < len(inline) * PACKED_WORTH_IT
+            ):
+                return Encoded(content, None, prefix, FRAMES, packed=True)
+        if inline is not None:
+            return Encoded(inline, None, inline_prefix, FRAMES)
         return Encoded(None, blob, prefix, FRAMES)
 
 

@@ -109,8 +109,9 @@ LISTEN_BACKLOG = 4096
 RETIRED_ORIGIN_SECONDS = 60.0
 # The journal is for audit and analytics, not for latency: at most four events a second.
 JOURNAL_INTERVAL = 0.25
-# A lane sends what fits one inline event until this much waits (stream.py says why).
-LANE_MEDIA_BACKLOG = 1024 * 1024
+# A lane sends what fits one event (inline or packed) until this much waits, about two events'
+# worth; beyond, the backlog leaves in one media event (stream.py says why).
+LANE_MEDIA_BACKLOG = 128 * 1024
 # The exit status of a process another one took for gone (EX_TEMPFAIL: start it again).
 EXIT_STRUCK = 75
 
@@ -373,13 +374,13 @@ class Node:
 
     # -- parts --------------------------------------------------------------------------------
 
-    def _stream_limits(self, min_interval: float = 0.0, inline_below: int = 0) -> StreamLimits:
+    def _stream_limits(self, min_interval: float = 0.0, one_event_below: int = 0) -> StreamLimits:
         r = self.config.routing
         return StreamLimits(
             max_batch_bytes=r.max_batch_bytes,
             max_queued_bytes=r.max_queued_bytes_per_lane,
             min_interval=min_interval,
-            inline_below_bytes=inline_below,
+            one_event_below_bytes=one_event_below,
         )
 
     def _journal_stream(self) -> BatchStream[bytes]:
@@ -403,7 +404,7 @@ class Node:
                     self.delivery,
                     self.settlement.ledger,
                     self.metrics,
-                    self._stream_limits(inline_below=LANE_MEDIA_BACKLOG),
+                    self._stream_limits(one_event_below=LANE_MEDIA_BACKLOG),
                     self._traffic,
                     self._bounce.refused,
                 )

@@ -97,13 +97,14 @@ class StreamLimits:
     # item may wait for one.
     quiet: float = 0.1
     max_delay: float = 5.0
-    # Below this much queued, a batch is what fits one inline event (for an encoder that can
-    # tell): an event through the media repository costs an upload and, for every reader, a
-    # download, and at a few thousand small messages a second carries fewer per second than
-    # inline events do; so it is left for a backlog (an outage's), which it drains fastest.
-    # Without this a hiccup made one batch too big for inline, its slower send let the next
-    # grow as big, and the lane stayed on media at several times the latency. 0: off.
-    inline_below_bytes: int = 0
+    # Below this much queued, a batch is what fits one event, inline or packed (for an encoder
+    # that can tell): an event through the media repository costs an upload and, for every
+    # reader, a download, and at a few thousand small messages a second carries fewer per
+    # second than events holding their messages do; so it is left for a backlog (an outage's),
+    # which it drains fastest. Without this a hiccup made one batch too big for an event, its
+    # slower send let the next grow as big, and the lane stayed on media at several times the
+    # latency. 0: off.
+    one_event_below_bytes: int = 0
 
 
 T = TypeVar("T")
@@ -222,14 +223,14 @@ class BatchStream(Generic[T]):
         limit = self._limits.max_batch_bytes
         queue, size = self._queue, self._encoder.size
         admit = self._admit
-        inline_only = self._queued_bytes < self._limits.inline_below_bytes
+        one_event = self._queued_bytes < self._limits.one_event_below_bytes
         while queue and (not batch or taken + size(queue[0]) < limit):
             item = queue.popleft()
             taken += size(item)
             if admit is None or admit(item):
                 batch.append(item)
         fit = getattr(self._encoder, "fit", None)
-        if inline_only and fit is not None and len(batch) > 1:
+        if one_event and fit is not None and len(batch) > 1:
             keep = max(1, fit(batch))
             # The rest goes back to the front, in order, for the next event.
             for item in reversed(batch[keep:]):

@@ -198,18 +198,45 @@ async def test_a_batch_of_many_runtimes_keeps_its_sender_table_out_of_the_event(
     assert decoded == [i.routed for i in items]
 
 
-def test_fit_names_the_longest_run_of_messages_that_travels_inline() -> None:
-    """A crowd's messages, each from its own runtime: ``fit`` stops where one inline event is
-    full (its estimate errs on the safe side), and no further than the real limit."""
-    crowd = [
+def crowd(noise: bool) -> list[Outgoing]:
+    """A crowd's messages, each from its own runtime."""
+    senders = [
         Sender(f"{i:016x}.stubX", f"runtime://x/{i:04d}", f"@_rethink_{i:032x}:hs")
-        for i in range(400)
+        for i in range(1000)
     ]
-    items = [message(i, size=300, sender=crowd[i], noise=True) for i in range(400)]
+    return [message(i, size=300, sender=senders[i], noise=noise) for i in range(1000)]
+
+
+def test_fit_fills_one_event_packed_when_that_holds_more_than_inline() -> None:
+    """Random payloads (what deflate shrinks least): ``fit`` stops where one event is full,
+    inline or packed, and once a batch was packed it sizes the next by how that one deflated."""
+    items = crowd(noise=True)
     encoder = LaneEncoder()
-    fits = encoder.fit(items)
-    assert 0 < fits < len(items)
-    assert encoder.encode({"n": 1}, items[:fits]).kind == "inline"
-    # Not far from full: a tenth more would not travel inline.
-    assert encoder.encode({"n": 1}, items[: fits + fits // 10]).kind != "inline"
-    assert encoder.fit(items[:fits]) == fits
+    first = encoder.fit(items)
+    assert 0 < first < len(items)
+    assert encoder.encode({"n": 1}, items[:first]).kind != "media"
+    fits = encoder.fit(items[first:])
+    batch = items[first : first + fits]
+    assert encoder.encode({"n": 2}, batch).kind == "packed"
+    # More than one inline event holds, and not far from full: a fifth more would be media.
+    assert sum(len(orjson.dumps(i.routed.text)) for i in batch) > carrier.INLINE_LIMIT
+    more = items[first : first + fits + fits // 5]
+    assert LaneEncoder().encode({"n": 2}, more).kind == "media"
+
+
+def test_traffic_that_deflates_well_goes_more_to_an_event() -> None:
+    noise, repetitive = LaneEncoder(), LaneEncoder()
+    for encoder, items in ((noise, crowd(noise=True)), (repetitive, crowd(noise=False))):
+        encoder.encode({"n": 1}, items[: encoder.fit(items)])
+    n_noise, n_repetitive = noise.fit(crowd(noise=True)), repetitive.fit(crowd(noise=False))
+    assert n_repetitive > 2 * n_noise
+    assert repetitive.encode({"n": 2}, crowd(noise=False)[:n_repetitive]).kind == "packed"
+
+
+def test_a_batch_that_deflates_little_stays_inline() -> None:
+    """Packing is for a clear gain: a batch whose text is mostly random stays readable JSON."""
+    texts = [base64.b64encode(random.Random(i).randbytes(3000)).decode() for i in range(12)]
+    items = [Outgoing(Routed(t, ("b",), ALICE, i + 1), 1) for i, t in enumerate(texts)]
+    encoder = LaneEncoder()
+    encoded = encoder.encode({"n": 1}, items)
+    assert encoded.kind == "inline" and encoder.packed_per_frame_byte > 0.9
