@@ -18,6 +18,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
+    PositiveInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -406,6 +408,19 @@ class ClusterConfig(_Strict):
         return self.process is not None
 
 
+class CollectorConfig(_Strict):
+    # Python's garbage collector, run by the node on a schedule (adapter/collector.py says
+    # why): each generation is collected once its count passes its threshold (as
+    # gc.set_threshold counts), and no more often than its minimum interval.
+    paced: bool = True
+    thresholds: Annotated[list[PositiveInt], Field(min_length=3, max_length=3)] = [700, 10, 10]
+    min_interval_seconds: Annotated[list[NonNegativeFloat], Field(min_length=3, max_length=3)] = [
+        1.0,
+        10.0,
+        60.0,
+    ]
+
+
 class LoggingConfig(_Strict):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] = "console"
@@ -428,6 +443,7 @@ class NodeConfig(_Strict):
     global_registry: ConnectorConfig = ConnectorConfig()
     dashboard: DashboardConfig = DashboardConfig()
     cluster: ClusterConfig = ClusterConfig()
+    gc: CollectorConfig = CollectorConfig()
     logging: LoggingConfig = LoggingConfig()
 
     @property

@@ -37,6 +37,7 @@ from .cluster.membership import Membership
 from .cluster.shared_routes import SharedRoutes, application_name
 from .cluster.sibling_lanes import SiblingLanes
 from .cluster.takeover import TakeOver
+from .collector import Collector
 from .config import NodeConfig
 from .identity.authenticator import Authenticator
 from .identity.matrix import MatrixTokenVerifier
@@ -555,6 +556,10 @@ class Node:
             asyncio.create_task(watch_event_loop(self.metrics.loop_lag), name="loop-lag"),
         ]
         self._unwatch_gc = watch_garbage_collector(self.metrics.gc_pause)
+        gc_config = self.config.gc
+        if gc_config.paced:
+            collector = Collector(gc_config.thresholds, gc_config.min_interval_seconds)
+            self._tasks.append(asyncio.create_task(collector.run(), name="gc"))
         positions = await self._checkpoints.positions()
         if self.lanes is not None:
             recovery = LaneRecovery(
