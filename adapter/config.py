@@ -409,9 +409,9 @@ class ClusterConfig(_Strict):
 
 
 class CollectorConfig(_Strict):
-    # Python's garbage collector, run by the node on a schedule (adapter/collector.py says
-    # why): each generation is collected once its count passes its threshold (as
-    # gc.set_threshold counts), and no more often than its minimum interval.
+    # Python's garbage collector, run by the node on a schedule (adapter/heap.py says why):
+    # each generation is collected once its count passes its threshold (as gc.set_threshold
+    # counts), and no more often than its minimum interval.
     paced: bool = True
     thresholds: Annotated[list[PositiveInt], Field(min_length=3, max_length=3)] = [700, 10, 10]
     min_interval_seconds: Annotated[list[NonNegativeFloat], Field(min_length=3, max_length=3)] = [

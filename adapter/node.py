@@ -37,8 +37,8 @@ from .cluster.membership import Membership
 from .cluster.shared_routes import SharedRoutes, application_name
 from .cluster.sibling_lanes import SiblingLanes
 from .cluster.takeover import TakeOver
-from .collector import Collector
 from .config import NodeConfig
+from .heap import Collector
 from .identity.authenticator import Authenticator
 from .identity.matrix import MatrixTokenVerifier
 from .identity.model import Identity

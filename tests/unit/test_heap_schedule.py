@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from adapter.collector import Collector
+from adapter.heap import Collector
 
 
 class Heap:
@@ -83,7 +83,6 @@ async def test_running_takes_the_collector_over_and_gives_it_back() -> None:
     task = asyncio.create_task(Collector((700, 10, 10), (1.0, 10.0, 60.0)).run())
     await asyncio.sleep(0.05)
     assert not gc.isenabled()
-    assert gc.get_freeze_count() > 0  # what existed at the start is out of every collection
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled()
