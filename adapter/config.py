@@ -416,7 +416,7 @@ class CollectorConfig(_Strict):
     thresholds: Annotated[list[PositiveInt], Field(min_length=3, max_length=3)] = [700, 10, 10]
     min_interval_seconds: Annotated[list[NonNegativeFloat], Field(min_length=3, max_length=3)] = [
         1.0,
-        10.0,
+        2.0,
         60.0,
     ]
 
