@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -424,6 +425,9 @@ class CollectorConfig(_Strict):
 class LoggingConfig(_Strict):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] = "console"
+    # A stall of the event loop longer than this is logged with the stack that held it
+    # (adapter/stalls.py); 0 turns the watch off.
+    report_loop_stalls_over_ms: NonNegativeInt = 250
 
 
 class NodeConfig(_Strict):

@@ -81,6 +81,7 @@ from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from .services.subscriptions import SubscriptionService
 from .sessions.registry import Lifecycle, SessionRegistry
 from .sessions.tokens import SessionTokens
+from .stalls import StallWatch
 from .storage.checkpoints import CheckpointStore
 from .storage.database import Database
 from .storage.pending import PendingStore
@@ -369,6 +370,10 @@ class Node:
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._unwatch_gc: Callable[[], None] = lambda: None
+        self._stall_watch = StallWatch(
+            config.logging.report_loop_stalls_over_ms / 1000,
+            lambda _stack: self.metrics.loop_stalls.inc(),
+        )
         self.running = False
         self.appservice_port: int | None = None
         self.stub_port: int | None = None
@@ -553,9 +558,14 @@ class Node:
             asyncio.create_task(self._maintenance(), name="maintenance"),
             asyncio.create_task(self._expire_sessions(), name="session-expiry"),
             asyncio.create_task(self.settlement.run(), name="checkpoints"),
-            asyncio.create_task(watch_event_loop(self.metrics.loop_lag), name="loop-lag"),
+            asyncio.create_task(
+                watch_event_loop(self.metrics.loop_lag, beat=self._stall_watch.beat),
+                name="loop-lag",
+            ),
         ]
         self._unwatch_gc = watch_garbage_collector(self.metrics.gc_pause)
+        if cfg.logging.report_loop_stalls_over_ms:
+            self._stall_watch.start()
         gc_config = self.config.gc
         if gc_config.paced:
             collector = Collector(gc_config.thresholds, gc_config.min_interval_seconds)
@@ -724,6 +734,7 @@ class Node:
             return
         self.running = False
         self._unwatch_gc()
+        self._stall_watch.stop()
         if self.dashboard is not None:
             await self.dashboard.stop()
         if self._dashboard_worker is not None:

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import psycopg
 import pytest
 import pytest_asyncio
+import structlog
 import uvloop
 
 from adapter.config import NodeConfig, parse_config
@@ -30,6 +31,16 @@ from adapter.node import Node
 from adapter.private_files import dump_private_yaml
 from adapter.storage import migrate
 from appservice.registration import build_registration
+
+# The node's processes log through adapter.observability.configure_logging; a test process
+# keeps structlog's defaults, whose rich tracebacks take ~0.3 s each, on the event loop the
+# nodes under test share: plain ones here.
+structlog.configure(
+    processors=[
+        *structlog.get_config()["processors"][:-1],
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
+)
 
 SERVER_NAME = "mn.test"
 # The appservice id both the `homeserver` and `federation` fixtures register.
@@ -274,11 +285,13 @@ NodeFactory = Callable[..., Awaitable[Node]]
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def start_node(homeserver: Homeserver) -> AsyncIterator[NodeFactory]:
+async def start_node(homeserver: Homeserver, databases: Databases) -> AsyncIterator[NodeFactory]:
     """Start nodes against the session's homeserver; every node is stopped after the test.
 
     Only one node can serve the appservice port at a time (the homeserver pushes to it), so a
-    test restarting "the node" stops the old one before starting the new one."""
+    test restarting "the node" stops the old one before starting the new one. The nodes stop
+    before the test's databases are dropped (this fixture depends on theirs): a node that
+    lost its database mid-stop would retry its writes for seconds."""
     nodes: list[Node] = []
 
     async def start(database_url: str, **overrides: Any) -> Node:

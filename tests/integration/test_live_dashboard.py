@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,6 +76,26 @@ def _route(data: dict[str, Any], route: str) -> int | None:
     return next((int(row[1]) for row in rows if row[0] == route), None)
 
 
+def _worker_state(state: Path) -> str:
+    """What the worker said, and who had the CPU meanwhile: it runs on idle time only."""
+    status = state / "status.json"
+    log = state / "worker.log"
+    busiest = subprocess.run(
+        ["ps", "-eo", "pid,pcpu,cputime,etimes,args", "--sort=-pcpu"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.splitlines()[:8]
+    return "\n".join(
+        [
+            f"status: {status.read_text() if status.exists() else 'none'}",
+            "worker.log (end): " + (log.read_text()[-3000:] if log.exists() else "none"),
+            "busiest processes:",
+            *(line[:200] for line in busiest),
+        ]
+    )
+
+
 async def _data(session: aiohttp.ClientSession, base: str, **kwargs: Any) -> dict[str, Any]:
     async with session.get(f"{base}/dashboard/data.json", **kwargs) as response:
         assert response.status == 200, await response.text()
@@ -103,9 +124,12 @@ async def test_a_running_node_shows_its_traffic_and_latency_within_a_minute(
 
     async with aiohttp.ClientSession() as session:
         # The figures catch up: every routed message is in the window, with its delivery.
-        async with asyncio.timeout(60):
-            while (route := _route(await _data(session, base), f"{D} → {D}")) != routed:
-                await asyncio.sleep(1)
+        try:
+            async with asyncio.timeout(60):
+                while (route := _route(await _data(session, base), f"{D} → {D}")) != routed:
+                    await asyncio.sleep(1)
+        except TimeoutError:
+            pytest.fail(f"no figures of the traffic after 60 s; {_worker_state(state)}")
         caught_up = time.monotonic() - traffic_done
         data = await _data(session, base)
     assert route == routed

@@ -1,0 +1,96 @@
+"""Who held the event loop: a watchdog thread that names the code behind a stall.
+
+The lag histogram (adapter/observability.py) says that the loop woke a timer late, not what
+held it. Everything the node does for every runtime waits on its one loop, so a stall of a
+few hundred milliseconds is felt by every delivery in flight; finding its cause after the fact
+takes a profiler attached at the right moment. The watchdog is that moment, always on: the
+loop beats (from the lag probe, ten times a second), a thread looks every `CHECK_SECONDS`, and
+when the beat is older than the threshold it takes the loop thread's stack *while it is still
+stuck* and logs it once per stall, with whether a garbage collection was running (then the
+stack only shows where an allocation set the collection off).
+
+The thread costs a wake-up every 50 ms; taking a stack needs the interpreter lock, which a
+thread running Python code hands over every few milliseconds, so the stack is the stall's
+own unless the loop is inside one long C call (then it is where that call returned to).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+log = structlog.get_logger("rethink_mn.stalls")
+
+CHECK_SECONDS: Final = 0.05
+STACK_FRAMES: Final = 12
+
+
+class StallWatch:
+    def __init__(
+        self,
+        threshold_seconds: float,
+        on_stall: Callable[[str], None] = lambda _stack: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._threshold = threshold_seconds
+        self._on_stall = on_stall
+        self._clock = clock
+        self._last_beat = clock()
+        self._reported_beat: float | None = None
+        self._collecting = False
+        self._loop_thread = threading.get_ident()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        """Called on the loop's thread whenever the loop runs its timers."""
+        self._last_beat = self._clock()
+
+    def _on_collection(self, phase: str, _info: dict[str, Any]) -> None:
+        self._collecting = phase == "start"
+
+    def start(self) -> None:
+        """From the loop's thread: watch it until `stop`."""
+        self._loop_thread = threading.get_ident()
+        self._last_beat = self._clock()
+        gc.callbacks.append(self._on_collection)
+        self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._on_collection in gc.callbacks:
+            gc.callbacks.remove(self._on_collection)
+
+    def check(self) -> str | None:
+        """One look; returns the stack it logged, if the loop is stuck in a new stall."""
+        beat = self._last_beat
+        held = self._clock() - beat
+        # One report per stall: the next comes once the loop has beaten again and stalled anew.
+        if held < self._threshold or beat == self._reported_beat:
+            return None
+        self._reported_beat = beat
+        frame = sys._current_frames().get(self._loop_thread)
+        stack = "".join(traceback.format_stack(frame, STACK_FRAMES)) if frame else ""
+        log.warning(
+            "event loop held",
+            held_ms=round(held * 1000),
+            garbage_collection=self._collecting,
+            stack=stack,
+        )
+        self._on_stall(stack)
+        return stack
+
+    def _watch(self) -> None:
+        while not self._stop.wait(CHECK_SECONDS):
+            self.check()
