@@ -61,12 +61,16 @@ def configure_logging(config: LoggingConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-async def watch_event_loop(lag: Histogram, every: float = 0.1) -> None:
-    """Observe, forever, how much later than asked the loop wakes a sleeper."""
+async def watch_event_loop(
+    lag: Histogram, every: float = 0.1, beat: Callable[[], None] = lambda: None
+) -> None:
+    """Observe, forever, how much later than asked the loop wakes a sleeper; `beat` is called
+    at every wake-up (the stall watch's heartbeat)."""
     loop = asyncio.get_running_loop()
     while True:
         asked = loop.time() + every
         await asyncio.sleep(every)
+        beat()
         lag.observe(max(0.0, loop.time() - asked))
 
 
@@ -109,6 +113,12 @@ class NodeMetrics:
             "the loop delays every delivery and reconnect by as much.",
             registry=registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self.loop_stalls = Counter(
+            "rethink_mn_event_loop_stalls_total",
+            "Times the event loop was held past logging.report_loop_stalls_over_ms; each is "
+            "logged with the stack that held it (adapter/stalls.py).",
+            registry=registry,
         )
         self.gc_pause = Histogram(
             "rethink_mn_gc_pause_seconds",
