@@ -416,8 +416,8 @@ class CollectorConfig(_Strict):
     paced: bool = True
     thresholds: Annotated[list[PositiveInt], Field(min_length=3, max_length=3)] = [700, 10, 10]
     min_interval_seconds: Annotated[list[NonNegativeFloat], Field(min_length=3, max_length=3)] = [
+        0.1,
         1.0,
-        2.0,
         60.0,
     ]
 

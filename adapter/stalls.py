@@ -6,12 +6,13 @@ few hundred milliseconds is felt by every delivery in flight; finding its cause 
 takes a profiler attached at the right moment. The watchdog is that moment, always on: the
 loop beats (from the lag probe, ten times a second), a thread looks every `CHECK_SECONDS`, and
 when the beat is older than the threshold it takes the loop thread's stack *while it is still
-stuck* and logs it once per stall, with whether a garbage collection was running (then the
-stack only shows where an allocation set the collection off).
+stuck* and logs it once per stall.
 
-The thread costs a wake-up every 50 ms; taking a stack needs the interpreter lock, which a
-thread running Python code hands over every few milliseconds, so the stack is the stall's
-own unless the loop is inside one long C call (then it is where that call returned to).
+The thread costs a wake-up every 50 ms. Taking a stack needs the interpreter lock, which a
+thread running Python code hands over every few milliseconds, so the stack is the stall's own
+unless the lock was held by one long C call: a garbage collection (in any thread), or another
+thread's. Then the watch runs only once that call is over, and the stack is where the loop
+went on from; a collection that ended within the stall is named in the report with its length.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class StallWatch:
         self._clock = clock
         self._last_beat = clock()
         self._reported_beat: float | None = None
-        self._collecting = False
+        self._collection_started = 0.0
+        # The latest collection: generation, when it ended, how long it took.
+        self._last_collection: tuple[int, float, float] | None = None
         self._loop_thread = threading.get_ident()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,8 +56,12 @@ class StallWatch:
         """Called on the loop's thread whenever the loop runs its timers."""
         self._last_beat = self._clock()
 
-    def _on_collection(self, phase: str, _info: dict[str, Any]) -> None:
-        self._collecting = phase == "start"
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        now = self._clock()
+        if phase == "start":
+            self._collection_started = now
+        else:
+            self._last_collection = (info["generation"], now, now - self._collection_started)
 
     def start(self) -> None:
         """From the loop's thread: watch it until `stop`."""
@@ -82,12 +89,11 @@ class StallWatch:
         self._reported_beat = beat
         frame = sys._current_frames().get(self._loop_thread)
         stack = "".join(traceback.format_stack(frame, STACK_FRAMES)) if frame else ""
-        log.warning(
-            "event loop held",
-            held_ms=round(held * 1000),
-            garbage_collection=self._collecting,
-            stack=stack,
-        )
+        collection: dict[str, int] = {}
+        if self._last_collection is not None and self._last_collection[1] > beat:
+            generation, _ended, took = self._last_collection
+            collection = {"gc_generation": generation, "gc_ms": round(took * 1000)}
+        log.warning("event loop held", held_ms=round(held * 1000), stack=stack, **collection)
         self._on_stall(stack)
         return stack
 

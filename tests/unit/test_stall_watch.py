@@ -7,6 +7,7 @@ import contextlib
 import time
 
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from adapter.observability import NodeMetrics, watch_event_loop
 from adapter.stalls import StallWatch
@@ -42,3 +43,19 @@ async def test_a_stall_is_reported_once_with_the_function_holding_the_loop() -> 
 
 async def test_a_loop_held_below_the_threshold_is_not_reported() -> None:
     assert await _watched(threshold=0.4, hold=0.1) == []
+
+
+def test_a_collection_within_the_stall_is_named_with_its_length() -> None:
+    now = [100.0]
+    stacks: list[str] = []
+    watch = StallWatch(0.25, stacks.append, clock=lambda: now[0])
+    watch.beat()
+    now[0] += 0.1
+    watch._on_collection("start", {"generation": 2})
+    now[0] += 0.2
+    watch._on_collection("stop", {"generation": 2})
+    with capture_logs() as logs:
+        assert watch.check() is not None
+        assert watch.check() is None  # once per stall
+    [report] = logs
+    assert (report["gc_generation"], report["gc_ms"], report["held_ms"]) == (2, 200, 300)
