@@ -45,6 +45,7 @@ from .identity.model import Identity
 from .identity.oidc import OidcVerifier
 from .namespace import NamespaceQueries
 from .observability import (
+    LAG_PROBE_SECONDS,
     HealthEndpoints,
     NodeMetrics,
     watch_event_loop,
@@ -372,6 +373,7 @@ class Node:
         self._unwatch_gc: Callable[[], None] = lambda: None
         self._stall_watch = StallWatch(
             config.logging.report_loop_stalls_over_ms / 1000,
+            LAG_PROBE_SECONDS,
             lambda _stack: self.metrics.loop_stalls.inc(),
         )
         self.running = False

@@ -61,8 +61,11 @@ def configure_logging(config: LoggingConfig) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+LAG_PROBE_SECONDS = 0.1
+
+
 async def watch_event_loop(
-    lag: Histogram, every: float = 0.1, beat: Callable[[], None] = lambda: None
+    lag: Histogram, every: float = LAG_PROBE_SECONDS, beat: Callable[[], None] = lambda: None
 ) -> None:
     """Observe, forever, how much later than asked the loop wakes a sleeper; `beat` is called
     at every wake-up (the stall watch's heartbeat)."""

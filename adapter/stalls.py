@@ -37,10 +37,12 @@ class StallWatch:
     def __init__(
         self,
         threshold_seconds: float,
+        beat_every: float,
         on_stall: Callable[[str], None] = lambda _stack: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._threshold = threshold_seconds
+        self._beat_every = beat_every
         self._on_stall = on_stall
         self._clock = clock
         self._last_beat = clock()
@@ -82,7 +84,8 @@ class StallWatch:
     def check(self) -> str | None:
         """One look; returns the stack it logged, if the loop is stuck in a new stall."""
         beat = self._last_beat
-        held = self._clock() - beat
+        # How late the next beat is: the loop was held at least that long.
+        held = self._clock() - beat - self._beat_every
         # One report per stall: the next comes once the loop has beaten again and stalled anew.
         if held < self._threshold or beat == self._reported_beat:
             return None
