@@ -565,7 +565,9 @@ class Node:
                 name="loop-lag",
             ),
         ]
-        self._unwatch_gc = watch_garbage_collector(self.metrics.gc_pause)
+        self._unwatch_gc = watch_garbage_collector(
+            self.metrics.gc_pause, self._stall_watch.collected
+        )
         if cfg.logging.report_loop_stalls_over_ms:
             self._stall_watch.start()
         gc_config = self.config.gc

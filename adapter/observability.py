@@ -77,15 +77,20 @@ async def watch_event_loop(
         lag.observe(max(0.0, loop.time() - asked))
 
 
-def watch_garbage_collector(pause: Histogram) -> Callable[[], None]:
-    """Observe every collection's pause by generation; returns what stops observing."""
+def watch_garbage_collector(
+    pause: Histogram, collected: Callable[[int, float], None] = lambda _gen, _s: None
+) -> Callable[[], None]:
+    """Observe every collection's pause by generation, and tell `collected` (generation,
+    seconds) once it ended; returns what stops observing."""
     started: list[float] = [0.0]
 
     def on_collection(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
         else:
-            pause.labels(str(info["generation"])).observe(time.perf_counter() - started[0])
+            took = time.perf_counter() - started[0]
+            pause.labels(str(info["generation"])).observe(took)
+            collected(info["generation"], took)
 
     gc.callbacks.append(on_collection)
     return lambda: gc.callbacks.remove(on_collection)

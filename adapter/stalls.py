@@ -17,13 +17,12 @@ went on from; a collection that ended within the stall is named in the report wi
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
@@ -47,7 +46,6 @@ class StallWatch:
         self._clock = clock
         self._last_beat = clock()
         self._reported_beat: float | None = None
-        self._collection_started = 0.0
         # The latest collection: generation, when it ended, how long it took.
         self._last_collection: tuple[int, float, float] | None = None
         self._loop_thread = threading.get_ident()
@@ -58,18 +56,14 @@ class StallWatch:
         """Called on the loop's thread whenever the loop runs its timers."""
         self._last_beat = self._clock()
 
-    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
-        now = self._clock()
-        if phase == "start":
-            self._collection_started = now
-        else:
-            self._last_collection = (info["generation"], now, now - self._collection_started)
+    def collected(self, generation: int, seconds: float) -> None:
+        """Called as a garbage collection ends (adapter/observability.py times them)."""
+        self._last_collection = (generation, self._clock(), seconds)
 
     def start(self) -> None:
         """From the loop's thread: watch it until `stop`."""
         self._loop_thread = threading.get_ident()
         self._last_beat = self._clock()
-        gc.callbacks.append(self._on_collection)
         self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
         self._thread.start()
 
@@ -78,8 +72,6 @@ class StallWatch:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._on_collection in gc.callbacks:
-            gc.callbacks.remove(self._on_collection)
 
     def check(self) -> str | None:
         """One look; returns the stack it logged, if the loop is stuck in a new stall."""

@@ -50,10 +50,8 @@ def test_a_collection_within_the_stall_is_named_with_its_length() -> None:
     stacks: list[str] = []
     watch = StallWatch(0.15, 0.1, stacks.append, clock=lambda: now[0])
     watch.beat()
-    now[0] += 0.1
-    watch._on_collection("start", {"generation": 2})
-    now[0] += 0.2
-    watch._on_collection("stop", {"generation": 2})
+    now[0] += 0.3
+    watch.collected(2, 0.2)
     with capture_logs() as logs:
         assert watch.check() is not None
         assert watch.check() is None  # once per stall
