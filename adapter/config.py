@@ -204,11 +204,13 @@ class FederationConfig(_Strict):
     # How long finding a peer's homeserver (its .well-known) may take before 504.
     discovery_timeout_seconds: float = Field(default=5.0, gt=0)
     # Flow control toward each peer (adapter/routing/flow.py): while its node confirms too
-    # slowly to keep up, at most this many events it has not yet confirmed are in flight; what
-    # waits meanwhile leaves in one event.
-    # 0 turns it off, and the node then sends peers no confirmations either. Needs
-    # `receive_ephemeral: true` in the registration (generated so).
-    flow_window_events: int = Field(default=4, ge=0)
+    # slowly to keep up, or the traffic to it is heavy, at most this many events it has not yet
+    # confirmed are in flight; what waits meanwhile leaves in one event. 1 had the lowest tail
+    # and homeserver CPU in a crowd across two domains on one machine (docs/benchmark.md); a
+    # peer over a long round trip may want 2-4. 0 turns it off, and the node then sends peers
+    # no confirmations either. Needs `receive_ephemeral: true` in the registration (generated
+    # so).
+    flow_window_events: int = Field(default=1, ge=0)
     # The longest the next event waits for a confirmation (the peer's node may be away).
     flow_max_hold_seconds: float = Field(default=1.0, gt=0, le=60)
 

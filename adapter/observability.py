@@ -250,10 +250,19 @@ class NodeMetrics:
             registry=registry,
             buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10),
         )
+        self.peer_event_age_seconds = Histogram(
+            "rethink_mn_peer_event_age_seconds",
+            "From a peer domain's event being stamped by its homeserver (origin_server_ts) to "
+            "this node handling it: how far behind federation and this node's reading of the "
+            "peer's room are (the two servers' clocks both in it).",
+            registry=registry,
+            buckets=(0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30),
+        )
         self.peer_behind = Gauge(
             "rethink_mn_peer_behind",
-            "1 while a peer domain's node confirms too slowly to keep up and flow control holds "
-            "what is sent to it to a window of events; 0 while it keeps up.",
+            "1 while flow control holds what is sent to a peer domain to a window of events "
+            "(its node confirms too slowly to keep up, or the traffic to it is heavy); 0 while "
+            "every event leaves at once.",
             ["peer"],
             registry=registry,
         )
@@ -261,7 +270,8 @@ class NodeMetrics:
             "rethink_mn_peer_fell_behind_total",
             "Times a peer domain's node was found behind (flow control's window came into "
             "force), by what showed it: round_trip (confirmations slower than BEHIND times "
-            "their floor) or overdue (an event unconfirmed for too long).",
+            "their floor), overdue (an event unconfirmed for too long) or load (an event "
+            "carried many messages: traffic too heavy to leave unpaced).",
             ["peer", "reason"],
             registry=registry,
         )

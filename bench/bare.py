@@ -8,6 +8,15 @@ against them.
 Across two federating homeservers (bench/domains.py), ``federate_to(peer)`` moves the sending
 into a federated room that the peer pipeline's bot (on the other homeserver) joins, and the
 arrivals are the peer appservice's pushes: what "one message = one event" costs between domains.
+
+``paced_batches`` is the floor for a crowd's traffic: messages due at a steady rate, gathered
+into one event while earlier events are on their way, with at most ``window`` events sent and not
+yet pushed to the receiver. Paced by ``arrival``, the sender learns of each arrival at once (it
+shares this process with the receiver), so the pacing costs no receipt and waits for nothing but
+the homeservers: the best any design that carries every message in an event through them can do.
+Paced by ``receipt``, the receiver confirms what arrived with a read receipt (one in flight, for
+its newest event) and the sender counts an event arrived only when that receipt reaches it through
+the homeservers: the best a sender can do that learns of the far side's progress through Matrix.
 """
 
 from __future__ import annotations
@@ -69,6 +78,17 @@ class BarePipeline:
     arrivals: dict[int, float] = field(default_factory=dict)
     _wanted: int = 0
     _done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Batches (paced_batches) whose event has been pushed, and a wake-up for their sender.
+    landed: set[int] = field(default_factory=set)
+    _landing: asyncio.Event = field(default_factory=asyncio.Event)
+    # Receipt pacing: the receiver confirms its newest event (one receipt in flight), and the
+    # sender's confirmed batches (the highest one a receipt reached) wake it the same way.
+    _confirming: bool = False
+    _newest: str | None = None
+    _receipting: asyncio.Task[None] | None = None
+    _batch_of: dict[str, int] = field(default_factory=dict)
+    _receipted: set[str] = field(default_factory=set)
+    confirmed_upto: int = -1
     _run: int = 0  # which measurement the events sent now belong to
     # Where the events sent here are received (federate_to): another pipeline, or this one.
     _sink: BarePipeline | None = None
@@ -83,7 +103,7 @@ class BarePipeline:
             user_prefix="_bare_",
             alias_prefix="_bare_",
             server_name=self.server_name,
-            receive_ephemeral=False,
+            receive_ephemeral=True,  # read receipts, for paced_batches(pacing="receipt")
         )
 
     async def handle_events(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
@@ -96,12 +116,48 @@ class BarePipeline:
                 # A homeserver far behind still pushes an earlier measurement's events.
                 and content.get("run") == self._run
             ):
-                self.arrivals.setdefault(int(content["seq"]), now)
+                for seq in content.get("seqs") or (content["seq"],):
+                    self.arrivals.setdefault(int(seq), now)
+                if "batch" in content:
+                    self.landed.add(int(content["batch"]))
+                    self._landing.set()
+                    if self._confirming and isinstance(event.get("event_id"), str):
+                        self._newest = event["event_id"]
+                        if self._receipting is None:
+                            self._receipting = asyncio.create_task(self._confirm(event["room_id"]))
         if len(self.arrivals) >= self._wanted:
             self._done.set()
 
-    async def handle_ephemeral(self, _txn_id: str, _events: list[dict[str, Any]]) -> None:
-        """None are asked for (the registration's receive_ephemeral is off)."""
+    async def _confirm(self, room_id: str) -> None:
+        """Read receipts for the newest event received, one in flight."""
+        sent = None
+        try:
+            while self._newest is not None and self._newest != sent:
+                sent = self._newest
+                await self._api.bot.send_receipt(room_id, sent)
+        finally:
+            self._receipting = None
+
+    async def handle_ephemeral(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
+        """Read receipts of the receiving bot on the events this pipeline sent."""
+        for event in events:
+            content = event.get("content")
+            if event.get("type") != "m.receipt" or not isinstance(content, dict):
+                continue
+            for event_id in content:
+                self._receipted.add(event_id)
+                self._confirm_batch(self._batch_of.get(event_id))
+
+    def _confirm_batch(self, batch: int | None) -> None:
+        if batch is not None and batch > self.confirmed_upto:
+            self.confirmed_upto = batch
+            self._landing.set()
+
+    async def _send_batch(self, batch: int, content: dict[str, Any]) -> None:
+        event_id = await self._intent.send_event(self._room, EVENT_TYPE, content)
+        self._batch_of[event_id] = batch
+        if event_id in self._receipted:  # its receipt came before the send's answer
+            self._confirm_batch(batch)
 
     async def __aenter__(self) -> BarePipeline:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -116,6 +172,7 @@ class BarePipeline:
         self._room = await self._intent.create_room(
             alias_localpart=f"_bare_room_{secrets.token_hex(4)}"
         )
+        self._sink = None  # within its homeserver until federate_to (again) says otherwise
         return self
 
     async def federate_to(self, peer: BarePipeline) -> None:
@@ -140,6 +197,9 @@ class BarePipeline:
         receiver._wanted = wanted
         self._run = receiver._run = max(self._run, receiver._run) + 1
         receiver._done = asyncio.Event()
+        receiver.landed = set()
+        receiver._confirming = False
+        self._batch_of, self._receipted, self.confirmed_upto = {}, set(), -1
         return receiver
 
     async def _send(self, seq: int, body: str) -> float:
@@ -198,6 +258,76 @@ class BarePipeline:
         )
         return {
             "received": sum(1 for s in sent if s in arrivals),
+            "p50_ms": _pct(latencies, 50),
+            "p99_ms": _pct(latencies, 99),
+            "max_ms": _pct(latencies, 100),
+        }
+
+    async def paced_batches(
+        self,
+        rate: float,
+        seconds: float,
+        size: int,
+        window: int = 1,
+        warmup: float = 5.0,
+        drain: float = 30.0,
+        max_per_event: int = 200,
+        pacing: str = "arrival",
+    ) -> dict[str, Any]:
+        """Messages of ``size`` bytes due every 1/rate s for ``warmup`` + ``seconds``; whatever
+        is due leaves in one event (at most ``max_per_event``, ~45 kB at 200 B: under Matrix's
+        64 kB) as soon as fewer than ``window`` events are unarrived. Latency is due time to the
+        push of its event; the figures cover the messages due after the warm-up. A message not
+        pushed ``drain`` s after the sender last had news counts as lost."""
+        count = int(rate * (warmup + seconds))
+        receiver = self._reset(count)
+        receiver._confirming = pacing == "receipt"
+        body = payload(size)
+        loop = asyncio.get_running_loop()
+        waker = self._landing if receiver._confirming else receiver._landing
+
+        def unarrived() -> int:
+            if receiver._confirming:
+                return len(sent_batches) - 1 - self.confirmed_upto
+            return sum(1 for b in sent_batches if b not in receiver.landed)
+
+        started = time.perf_counter()
+        due = [started + i / rate for i in range(count)]
+        sent_batches: list[int] = []
+        sends: list[asyncio.Task[Any]] = []
+        next_seq = 0
+        while next_seq < count:
+            if unarrived() >= window:
+                waker.clear()
+                try:
+                    await asyncio.wait_for(waker.wait(), drain)
+                except TimeoutError:
+                    break  # the homeservers stopped carrying: the rest counts as lost
+                continue
+            now = time.perf_counter()
+            if due[next_seq] > now:
+                await asyncio.sleep(due[next_seq] - now)
+                continue
+            last = min(count, next_seq + max_per_event, int((now - started) * rate) + 1)
+            seqs = list(range(next_seq, last))
+            next_seq = last
+            batch = len(sent_batches)
+            sent_batches.append(batch)
+            content = {"run": self._run, "batch": batch, "seqs": seqs, "bodies": [body] * len(seqs)}
+            sends.append(loop.create_task(self._send_batch(batch, content)))
+        await asyncio.gather(*sends, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(receiver._done.wait(), drain)
+        measured = [s for s in range(count) if due[s] - started >= warmup]
+        arrivals = receiver.arrivals
+        latencies = sorted(
+            (arrivals[s] - due[s]) * 1000 if s in arrivals else math.inf for s in measured
+        )
+        return {
+            "measured": len(measured),
+            "received": sum(1 for s in measured if s in arrivals),
+            "events": len(sent_batches),
+            "messages_per_event": round(count / max(1, len(sent_batches)), 1),
             "p50_ms": _pct(latencies, 50),
             "p99_ms": _pct(latencies, 99),
             "max_ms": _pct(latencies, 100),

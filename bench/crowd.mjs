@@ -336,6 +336,8 @@ async function run(startPerf) {
   }
   const drainMs = performance.now() - drainStart;
   const latencies = [];
+  // The slowest message sent in each quarter second of the window: when the tail happened.
+  const slowest = new Array(Math.ceil(DURATION_MS / 250)).fill(0);
   let lost = 0;
   let lastArrival = 0;
   for (const i of live) {
@@ -344,8 +346,11 @@ async function run(startPerf) {
       if (sentAt[slot] < 0 || !isMeasured(k, i)) continue;
       if (arrivedAt[slot] < 0) lost++;
       else {
-        latencies.push(Math.round((arrivedAt[slot] - sentAt[slot]) * 1000) / 1000);
+        const ms = arrivedAt[slot] - sentAt[slot];
+        latencies.push(Math.round(ms * 1000) / 1000);
         lastArrival = Math.max(lastArrival, arrivedAt[slot]);
+        const q = Math.min(slowest.length - 1, Math.max(0, Math.floor((sentAt[slot] - windowStart) / 250)));
+        slowest[q] = Math.max(slowest[q], Math.round(ms));
       }
     }
   }
@@ -359,6 +364,7 @@ async function run(startPerf) {
     arrived_in_window: counters.arrived_in_window,
     window_ms: DURATION_MS,
     latencies_ms: latencies,
+    slowest_per_quarter_second_ms: slowest,
     // How late this process sent, against the schedule: a saturated driver shows here.
     lag_p99_ms: lags.length ? lags[Math.min(lags.length - 1, Math.floor(0.99 * lags.length))] : null,
     lag_max_ms: lags.length ? lags[lags.length - 1] : null,

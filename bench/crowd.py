@@ -351,12 +351,24 @@ async def node_counters(metrics_url: str | None) -> dict[str, float]:
                 "1.0",
             ):
                 found[f"confirm_within_{labels['le']}"] = sample.value
+            elif sample.name in (
+                "rethink_mn_peer_event_age_seconds_sum",
+                "rethink_mn_peer_event_age_seconds_count",
+            ):
+                found["age_" + sample.name.rsplit("_", 1)[-1]] = sample.value
             elif sample.name == "rethink_mn_peer_fell_behind_total":
                 found[f"behind_{labels.get('reason')}"] = sample.value
             elif sample.name == "rethink_mn_peer_paced_total":
                 key = f"paced_{labels.get('outcome')}"
                 found[key] = found.get(key, 0.0) + sample.value
     return found
+
+
+async def _counters(metrics_url: str | None, far_metrics_url: str | None) -> dict[str, float]:
+    """This node's counters, and the far node's (``far_``) for a crowd across domains."""
+    found = await node_counters(metrics_url)
+    far = await node_counters(far_metrics_url)
+    return {**found, **{f"far_{k}": v for k, v in far.items()}}
 
 
 def carrier_figures(
@@ -379,6 +391,9 @@ def carrier_figures(
         "messages_per_event": round(delta("routed") / events, 1) if events else None,
         "send_ms_mean": round(1000 * delta("sum") / sends, 1) if sends else None,
     }
+    if aged := delta("far_age_count"):
+        # The far node's side: how old the events were when it handled them.
+        figures["far_event_age_ms_mean"] = round(1000 * delta("far_age_sum") / aged, 1)
     if confirmed := delta("confirm_count"):
         # Toward a peer domain: its node's confirmations, and how often the next event waited.
         figures["peer_confirm_ms_mean"] = round(1000 * delta("confirm_sum") / confirmed, 1)
@@ -386,7 +401,7 @@ def carrier_figures(
             limit: int(confirmed - delta(f"confirm_within_{limit}")) for limit in ("0.5", "1.0")
         }
         figures["peer_fell_behind"] = {
-            reason: int(delta(f"behind_{reason}")) for reason in ("round_trip", "overdue")
+            reason: int(delta(f"behind_{reason}")) for reason in ("round_trip", "overdue", "load")
         }
         figures["peer_paced_per_s"] = {
             outcome: round(delta(f"paced_{outcome}") / window, 1)
@@ -423,7 +438,8 @@ async def run_cell(
 ) -> None:
     """``companion(url, start_at, seconds)``, when given, runs beside the crowd from the start
     of its warm-up to the end of its window; what it returns goes into the row. With ``peer``
-    (``url``, ``domain``) the receivers are that domain's runtimes."""
+    (``url``, ``domain``, and ``metrics``: its node's) the receivers are that domain's
+    runtimes."""
     tag = f"{name}-{os.urandom(3).hex()}"
     async with Drivers(cell, url, domain, tag, log_dir, peer) as drivers:
         roots: Roots = {**pids, **{f"driver{i}": p.pid for i, p in enumerate(drivers.procs)}}
@@ -451,10 +467,11 @@ async def run_cell(
         drivers.tell(f"run {int(run_at * 1000)}")
         await _sleep_until(run_at + cell.warmup)
         cpu.start()
-        counters_before = await node_counters(metrics_url)
+        far_metrics = (peer or {}).get("metrics")
+        counters_before = await _counters(metrics_url, far_metrics)
         await _sleep_until(run_at + cell.warmup + cell.duration)
         cpu.stop()
-        counters_after = await node_counters(metrics_url)
+        counters_after = await _counters(metrics_url, far_metrics)
         runs = await drivers.read("result", cell.drain + 120)
         companion_result = await beside if beside is not None else None
 
@@ -505,6 +522,10 @@ async def run_cell(
         cpu_us_per_msg=cpu_per_message(cpu.pct, delivered_per_s),
         drivers=cell.driver_count,
         driver_lag_p99_ms=lag_p99,
+        # The slowest message sent in each quarter second of the window, over the drivers.
+        slowest_per_quarter_second_ms=[
+            max(q) for q in zip(*(r["slowest_per_quarter_second_ms"] for r in runs), strict=True)
+        ],
         driver_saturated=saturated,
         driver_late=late,
         sender_errors=sender_responses,

@@ -30,7 +30,11 @@ federated room (``target=bare_cross``): the light-load latency and a single 10 k
 publication's share). It says what Matrix federation itself adds. Last of all, the bare pipeline
 across at the first crowd's rate (one event per message, ``fed_crowd_…`` with
 ``target=bare_cross``), for what federation does with the crowd's traffic when nothing coalesces
-it.
+it; before it, the paced floor within A and across (``target=bare_{intra,cross}_paced_w<W>``,
+bench/bare.py ``paced_batches``): the crowd's messages gathered into events, at most W unarrived,
+the least any design carrying them through these homeservers could take; and across, paced by
+the receiver's read receipts (``bare_cross_receipts_w<W>``), the least for a sender that learns
+of the far side's progress through Matrix.
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ BARE_LATENCY_FACTOR = 1.25
 CROWD_P99_FACTOR = 2.0
 # The bare pipeline at a crowd's rate sends this long (one event per message).
 BARE_CROWD_SECONDS = 10.0
+# The paced bare floor (bench/bare.py paced_batches) with this many events unarrived at most;
+# paced by read receipts (across only), unconfirmed at most.
+PACED_WINDOWS = (1, 2)
+RECEIPT_WINDOWS = (1, 2)
+PACING_TARGETS = {"arrival": "paced", "receipt": "receipts"}
 
 
 @dataclass(frozen=True)
@@ -85,8 +94,12 @@ class Plan:
     # The light-load latency, publication and burst scenarios (and their bare baselines);
     # without them, only the crowds (bench/run.py --only federation-crowd).
     classic: bool = True
-    # The bare pipeline across at the first crowd's rate (not in the smoke run: ~40 s).
+    # The bare pipeline across at the first crowd's rate, one event per message (not in the
+    # smoke run: ~40 s).
     bare_crowd: bool = True
+    # The paced bare floor (bench/bare.py paced_batches) at the first crowd's rate, within A
+    # and across, before that.
+    paced_floor: bool = True
 
     @property
     def msg_test(self) -> str:
@@ -472,16 +485,18 @@ async def _crowds(
     say: Callable[[str], None],
     work: Path,
 ) -> None:
-    """Each crowd within A, then across to B, on the same stack; then the bare pipeline across
-    at the first crowd's rate (last, and once: the far homeserver stays busy for minutes after,
-    too busy to take a second one's warm-up event within 30 s)."""
+    """Each crowd within A, then across to B, on the same stack; then the bare homeservers at
+    the first crowd's rate (once: one event per message leaves the far homeserver busy for
+    minutes after, too busy to take a second one's warm-up event within 30 s)."""
     pids = {
         f"{kind}_{side}": pid for d, side in ((a, "a"), (b, "b")) for kind, pid in d.pids.items()
     }
     metrics = a.health_url.replace("/health", "/metrics")
+    far_metrics = b.health_url.replace("/health", "/metrics")
+    far = {"url": b.stub_url, "domain": b.name, "metrics": far_metrics}
     for cell in plan.crowd:
         test = f"fed_{cell.label}"
-        for target, peer in (("intra", None), ("cross", {"url": b.stub_url, "domain": b.name})):
+        for target, peer in (("intra", None), ("cross", far)):
             say(
                 f"[bold]{test} {target}: {cell.senders} senders on {a.name} x {cell.rate:g} msg/s "
                 f"of {cell.size} B to partners on {(b if peer else a).name}, {cell.duration:g} s"
@@ -503,34 +518,89 @@ async def _crowds(
             except Exception as exc:  # noqa: BLE001 - one failed cell must not lose the others
                 say(f"  [red]{test} ({target}) failed: {exc!r}")
                 results.add(test, target=target, error=repr(exc), load1=_load())
-    for cell in plan.crowd[: 1 if plan.bare_crowd else 0]:
-        test = f"fed_{cell.label}"
-        count = int(cell.offered * BARE_CROWD_SECONDS)
-        say(f"  bare pipeline across at {test}'s rate: {count} events at {cell.offered:g}/s")
-        try:
-            async with a.bare as sender, b.bare as peer_pipeline:
-                await sender.federate_to(peer_pipeline)
-                await sender.single_event(cell.size, rounds=1)  # joined, warm
+    if plan.crowd and (plan.bare_crowd or plan.paced_floor):
+        await _bare_at_crowd_rate(a, b, plan.crowd[0], plan, results, say)
+
+
+async def _bare_at_crowd_rate(
+    a: Domain,
+    b: Domain,
+    cell: Cell,
+    plan: Plan,
+    results: ResultsLike,
+    say: Callable[[str], None],
+) -> None:
+    """The bare homeservers at a crowd's rate: the paced floor within A and across, then one
+    event per message across (last: it leaves B's homeserver busy for minutes)."""
+    test = f"fed_{cell.label}"
+    try:
+        async with a.bare as sender, b.bare as peer_pipeline:
+            if plan.paced_floor:
+                await _paced_floor(a, b, cell, test, sender, results, say, "intra")
+            await sender.federate_to(peer_pipeline)
+            await sender.single_event(cell.size, rounds=1)  # joined, warm
+            if plan.paced_floor:
+                await _paced_floor(a, b, cell, test, sender, results, say, "cross")
+            if plan.bare_crowd:
+                count = int(cell.offered * BARE_CROWD_SECONDS)
+                say(f"  bare pipeline across, one event per message: {count} at {cell.offered:g}/s")
                 cpu = CpuUse(a, b, bench=True)
                 cpu.start()
                 r = await sender.latency(count, cell.offered, cell.size, drain=cell.drain)
                 cpu.stop()
-            results.add(
-                test,
-                target="bare_cross",
-                p50_ms=r["p50_ms"],
-                p99_ms=r["p99_ms"],
-                max_ms=r["max_ms"],
-                measured=count,
-                lost=count - r["received"],
-                offered_per_s=cell.offered,
-                elapsed_s=round(cpu.elapsed, 1),
-                load1=_load(),
-                **cpu.figures(count),
-            )
-        except Exception as exc:  # noqa: BLE001 - a baseline failing must not lose the rest
-            say(f"  [red]bare pipeline at {test}'s rate failed: {exc!r}")
-            results.add(test, target="bare_cross", error=repr(exc))
+                results.add(
+                    test,
+                    target="bare_cross",
+                    p50_ms=r["p50_ms"],
+                    p99_ms=r["p99_ms"],
+                    max_ms=r["max_ms"],
+                    measured=count,
+                    lost=count - r["received"],
+                    offered_per_s=cell.offered,
+                    elapsed_s=round(cpu.elapsed, 1),
+                    load1=_load(),
+                    **cpu.figures(count),
+                )
+    except Exception as exc:  # noqa: BLE001 - a baseline failing must not lose the rest
+        say(f"  [red]bare pipeline at {test}'s rate failed: {exc!r}")
+        results.add(test, target="bare_cross", error=repr(exc))
+
+
+async def _paced_floor(
+    a: Domain,
+    b: Domain,
+    cell: Cell,
+    test: str,
+    sender: BarePipeline,
+    results: ResultsLike,
+    say: Callable[[str], None],
+    side: str,
+) -> None:
+    """The crowd's messages through the bare homeservers, gathered into events and paced
+    (bench/bare.py ``paced_batches``): by their arrival, the floor under the node's figure;
+    across, also by read receipts, the floor under any pacing that learns through Matrix."""
+    runs = [("arrival", w) for w in PACED_WINDOWS]
+    if side == "cross":
+        runs += [("receipt", w) for w in RECEIPT_WINDOWS]
+    for pacing, window in runs:
+        target = f"bare_{side}_{PACING_TARGETS[pacing]}_w{window}"
+        say(f"  bare pipeline, batches paced by {pacing} ({target}) at {cell.offered:g}/s")
+        cpu = CpuUse(a, b, bench=True)
+        cpu.start()
+        r = await sender.paced_batches(
+            cell.offered, cell.duration, cell.size, window, cell.warmup, cell.drain, pacing=pacing
+        )
+        cpu.stop()
+        results.add(
+            test,
+            target=target,
+            offered_per_s=cell.offered,
+            lost=r["measured"] - r["received"],
+            elapsed_s=round(cpu.elapsed, 1),
+            load1=_load(),
+            **r,
+            **cpu.figures(r["measured"]),
+        )
 
 
 async def _bare(
@@ -626,6 +696,7 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         relative(test, "ms", MESSAGING_FACTOR, f"cross <= {MESSAGING_FACTOR:g} x intra")
     for test in dict.fromkeys(r["test"] for r in fed if str(r["test"]).startswith("fed_crowd_")):
         relative(test, "p99_ms", CROWD_P99_FACTOR, f"cross p99 <= {CROWD_P99_FACTOR:g} x intra p99")
+        _paced_floor_check(test, get, out)
         undelivered = _undelivered(_find(fed, test, "cross"))
         out.append(
             {
@@ -658,6 +729,38 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
     )
     return out
+
+
+def _paced_floor_check(
+    test: str, get: Callable[[str, str, str], float | None], out: list[dict[str, Any]]
+) -> None:
+    """Whether the crowd target is within reach of the homeservers themselves: the paced bare
+    pipeline across (its best window), by arrival and by receipts, against the limit the node's
+    figure has."""
+
+    def best(target: str, windows: tuple[int, ...]) -> float | None:
+        found = [get(test, f"{target}_w{w}", "p99_ms") for w in windows]
+        return min((v for v in found if v is not None), default=None)
+
+    intra = get(test, "intra", "p99_ms")
+    limit = None if intra is None else CROWD_P99_FACTOR * intra
+    for pacing, windows in (("arrival", PACED_WINDOWS), ("receipt", RECEIPT_WINDOWS)):
+        kind = PACING_TARGETS[pacing]
+        floor = best(f"bare_cross_{kind}", windows)
+        if floor is None:
+            continue
+        out.append(
+            {
+                "check": f"{test}: homeservers' floor, bare across paced by {pacing}, p99 <= "
+                f"{CROWD_P99_FACTOR:g} x node intra p99 (is the target within reach)",
+                "node": floor,
+                "limit": limit,
+                "met": None if limit is None else floor <= limit,
+                "intra_same_run": intra,
+                "bare_cross_same_run": floor,
+                "bare_intra_same_run": best(f"bare_intra_{kind}", windows),
+            }
+        )
 
 
 def _undelivered(row: dict[str, Any] | None) -> int | None:
@@ -747,6 +850,29 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
                 ),
             )
         console.print(usage)
+    paced = [r for r in fed if str(r["target"]).startswith(("bare_intra_", "bare_cross_"))]
+    if paced:
+        floor = Table(
+            title="bare homeserver floor at a crowd's rate: messages gathered into events, at "
+            "most w events unarrived (paced) or unconfirmed (receipts), ms"
+        )
+        for col in ("test", "target", "p50", "p99", "max", "events/s", "msgs/event", "lost"):
+            floor.add_column(col, justify="left" if col in ("test", "target") else "right")
+        for r in paced:
+            if "error" in r:
+                floor.add_row(r["test"], r["target"], f"failed: {r['error'][:60]}")
+                continue
+            floor.add_row(
+                r["test"],
+                r["target"],
+                _ms(r["p50_ms"]),
+                _ms(r["p99_ms"]),
+                _ms(r["max_ms"]),
+                f"{r['events'] / max(r['elapsed_s'], 0.001):.1f}",
+                f"{r['messages_per_event']:g}",
+                str(r["lost"]),
+            )
+        console.print(floor)
     crowds = [r for r in fed if r["test"].startswith("fed_crowd_") and r.get("cpu_us_per_msg")]
     if crowds:
         names = list(dict.fromkeys(k for r in crowds for k in r["cpu_us_per_msg"]))

@@ -12,13 +12,16 @@ path itself, its floor):
   at light load is never held, and the peer confirms at most every ``CONFIRM_EVERY`` seconds,
   so at light load confirmations cost its homeserver a fraction of an event each;
 - **behind** (the smoothed round trip above ``BEHIND`` times the floor with the window full, or
-  the oldest event in flight unconfirmed for longer than that allows): at most ``window`` events
-  are in flight that
-  the peer has not confirmed. While the window is full, what the link's runtimes send waits and
-  leaves together, in one event, when the next confirmation comes, and each event asks the peer
-  to confirm at once (``confirm_now`` in its content). The link is back to keeping up once the
-  round trip falls under ``CAUGHT_UP`` times the floor with little waiting (events of at most
-  ``FEW_MESSAGES`` messages).
+  the oldest event in flight unconfirmed for longer than that allows; or, before either can
+  show, an event carried more than ``FEW_MESSAGES`` messages: heavy traffic, which would fill
+  the peer's queue for up to ``CONFIRM_EVERY`` before a periodic receipt told): at most
+  ``window`` events are in flight that the peer has not confirmed. While the window is full,
+  what the link's runtimes send waits and leaves together, in one event, when the next
+  confirmation comes, and each event asks the peer to confirm at once (``confirm_now`` in its
+  content); the first event after falling behind goes past a full window to ask, since those
+  in flight did not. The link is back to keeping up once the round trip falls under
+  ``CAUGHT_UP`` times the floor with little waiting (events of at most ``FEW_MESSAGES``
+  messages).
 
 The floor is a low quantile of the round trips measured while keeping up, over the last
 ``FLOOR_SPAN`` seconds; round trips measured while behind say how long the queue is, not how
@@ -145,7 +148,7 @@ class PeerPace:
         self._behind_gauge = metrics.peer_behind.labels(domain)
         self._fell_behind = {
             reason: metrics.peer_fell_behind.labels(domain, reason)
-            for reason in ("round_trip", "overdue")
+            for reason in ("round_trip", "overdue", "load")
         }
         self._held_until_confirmed = metrics.peer_paced.labels(domain, "confirmed")
         self._held_until_max = metrics.peer_paced.labels(domain, "max_hold")
@@ -155,6 +158,8 @@ class PeerPace:
         self._confirmed = 0  # the number of the last event the peer's node handled
         self._confirming = False  # whether the peer's node has ever confirmed anything
         self._behind = False
+        # Whether an event has left since the link fell behind (it asked to be confirmed at once).
+        self._asked_since_behind = False
         self._last_batch = 0  # messages in the last event sent
         # event id -> its number and when it was persisted
         self._unconfirmed: OrderedDict[str, tuple[int, float]] = OrderedDict()
@@ -217,6 +222,13 @@ class PeerPace:
             self._unconfirmed[event_id] = (n, self._clock())
             while len(self._unconfirmed) > _REMEMBERED:
                 self._unconfirmed.popitem(last=False)
+            if self._confirming and messages > FEW_MESSAGES:
+                # Messages gather while each event is sent: the traffic is heavier than one
+                # event per message. Left to the periodic receipts, the peer's queue could grow
+                # for up to CONFIRM_EVERY before a round trip showed it, and everything sent
+                # then waits for that queue (crowds had second-long tails). Paced from the
+                # first such event, every event is confirmed at once and the queue stays short.
+                self._falling_behind("load")
 
     def confirmed(self, event_id: str) -> bool:
         """The peer's node has handled ``event_id`` and every event before it; False for an
@@ -276,6 +288,7 @@ class PeerPace:
     def _falling_behind(self, reason: str) -> None:
         if not self._behind:
             self._behind = True
+            self._asked_since_behind = False
             self._behind_gauge.set(1)
             self._fell_behind[reason].inc()
 
@@ -290,7 +303,14 @@ class PeerPace:
         if not self._window or not self._confirming:
             return
         self._check_overdue()
-        if not self._behind or self.in_flight < self._window:
+        if not self._behind:
+            return
+        if self.in_flight < self._window or not self._asked_since_behind:
+            # Past a full window only the first event since the link fell behind: the events in
+            # flight were sent while the peer kept up, none asked to be confirmed at once, and
+            # the peer would confirm them at its next periodic receipt, up to CONFIRM_EVERY
+            # away. This one asks (confirm_now), so the wait is one round trip from here on.
+            self._asked_since_behind = True
             return
         deadline = asyncio.get_running_loop().time() + self._max_hold
         while self._behind and self.in_flight >= self._window:

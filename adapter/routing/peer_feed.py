@@ -291,6 +291,9 @@ class PeerFeed:
         while (self._last_n + 1) in self._held:
             event, size = self._held.pop(self._last_n + 1)
             self._held_bytes -= size
+            stamped = event.get("origin_server_ts")
+            if isinstance(stamped, int) and not isinstance(stamped, bool):
+                self._metrics.peer_event_age_seconds.observe(max(0.0, time.time() - stamped / 1000))
             await self._handle_with_retry(event)
             self._last_n += 1
             self._gap_since = None

@@ -38,7 +38,10 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
     report = json.loads(out.read_text())
     rows = report["rows"]
     targets = {r["target"] for r in rows}
-    assert targets == {"node", "relay", "bare", "cross", "intra", "bare_cross", "bare_intra"}
+    paced = {f"bare_{side}_paced_w{w}" for side in ("intra", "cross") for w in (1, 2)}
+    paced |= {f"bare_cross_receipts_w{w}" for w in (1, 2)}
+    plain = {"node", "relay", "bare", "cross", "intra", "bare_cross", "bare_intra"}
+    assert targets == plain | paced
     tests = {(r["test"], r["target"]) for r in rows}
     for target in ("node", "relay"):
         for test in (
@@ -75,6 +78,12 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
         assert crowd["lost"] == 0 and crowd["duplicates"] == 0, crowd
         assert {"node_a", "synapse_a", "node_b", "synapse_b"} <= set(crowd["cpu_pct"]), crowd
         assert set(crowd["cpu_us_per_msg"]) == {"node_a", "synapse_a", "node_b", "synapse_b"}
+    # The homeservers' own floor at the crowd's rate, paced by arrival and (across) by read
+    # receipts: every message carried, in fewer events than messages.
+    for target in paced:
+        floor = next(r for r in rows if r["test"] == "fed_crowd_10x2" and r["target"] == target)
+        assert floor["received"] == floor["measured"] == 60, floor
+        assert 0 < floor["events"] <= 80 and floor["p99_ms"] is not None, floor
     loss = next(c for c in report["checks"] if c["check"].startswith("federation: zero loss"))
     assert loss["met"] is True, loss
     # A hostile runtime beside a crowd: both arms ran, every attack was tried and got nothing.

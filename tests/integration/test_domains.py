@@ -90,6 +90,13 @@ async def test_a_message_and_its_answer_cross_domains(domains: Domains) -> None:
             while alice.unacked:
                 await asyncio.sleep(0.05)
         assert bob.duplicates == 0
+        # B measured how old A's events were when it handled them (A's homeserver's stamp to
+        # B taking them): every one it handled, none older than the exchange itself.
+        ages = domains.b.metrics.registry
+        handled = ages.get_sample_value("rethink_mn_peer_event_age_seconds_count")
+        total = ages.get_sample_value("rethink_mn_peer_event_age_seconds_sum")
+        assert handled is not None and handled >= 2 and total is not None
+        assert 0 < total / handled < 30, (total, handled)
     finally:
         await alice.close()
         await bob.close()

@@ -133,6 +133,61 @@ async def test_slow_confirmations_put_the_window_in_force_until_the_peer_confirm
     assert paced(registry, "confirmed") == 1
 
 
+async def test_falling_behind_with_a_full_window_lets_one_event_ask_for_a_confirmation() -> None:
+    """The events in flight when the link falls behind were sent while the peer kept up and
+    asked for no confirmation at once: waiting for them would wait for the peer's next periodic
+    receipt (a whole CONFIRM_EVERY in the worst case, a second-long stall of everything sent).
+    One event goes past the full window asking to be confirmed at once; then the window holds."""
+    p, clock, registry = pace(window=2)
+    for n in range(1, 4):
+        round_trip(p, clock, n, 0.05)
+    for n in range(4, 10):  # a crowd while keeping up: six events, none asking
+        p.sent(n, f"$e{n}")
+        clock.now += 0.03
+        assert await leaves_at_once(p) and not p.confirm_now()
+    clock.now += 0.4
+    assert p.confirmed("$e4")  # slow, with the window full: behind
+    assert p.behind and p.in_flight == 5
+    assert await leaves_at_once(p)  # past the full window, once
+    assert p.confirm_now()  # and it asks to be confirmed at once
+    p.sent(10, "$e10", messages=50)  # what gathered meanwhile
+    assert not await leaves_at_once(p)  # from here on the window holds
+    waiting = asyncio.create_task(p.pace())
+    await asyncio.sleep(0.02)
+    assert not waiting.done()
+    clock.now += 0.1
+    assert p.confirmed("$e10")  # the peer answered the one that asked, and all before it
+    await asyncio.wait_for(waiting, 1)
+    assert p.in_flight == 0 and paced(registry, "confirmed") == 1
+
+
+async def test_heavy_traffic_is_paced_before_the_peers_queue_can_show_in_a_round_trip() -> None:
+    """An event carrying many messages says they gather faster than events leave: the window
+    applies at once, with every event confirmed at once, instead of after a periodic receipt
+    has measured a queue the peer built meanwhile. Light traffic (an event per message) is
+    never held."""
+    p, clock, registry = pace(window=2)
+    for n in range(1, 4):
+        round_trip(p, clock, n, 0.05)
+    for n in range(4, 30):  # light: one message per event, nothing held, nothing asked
+        p.sent(n, f"$e{n}", messages=1)
+        assert await leaves_at_once(p) and not p.confirm_now()
+    assert not p.behind
+    p.sent(30, "$e30", messages=flow.FEW_MESSAGES + 1)
+    assert p.behind and fell_behind(registry, "load") == 1
+    assert await leaves_at_once(p) and p.confirm_now()  # the one that asks
+    p.sent(31, "$e31", messages=40)
+    assert not await leaves_at_once(p)
+    # The crowd passes: small events confirmed as fast as before, and nothing is held again.
+    clock.now += 0.05
+    assert p.confirmed("$e31")
+    p.sent(32, "$e32", messages=1)
+    clock.now += 0.05
+    assert p.confirmed("$e32")
+    assert not p.behind and behind_gauge(registry) == 0
+    assert fell_behind(registry, "round_trip") == fell_behind(registry, "overdue") == 0
+
+
 async def test_a_peer_whose_confirmations_are_fast_again_has_caught_up() -> None:
     p, clock, registry = pace(window=1)
     n = fall_behind(p, clock, 1, 1)
@@ -205,11 +260,15 @@ async def test_a_peer_that_stops_confirming_is_behind_and_still_gets_an_event_pe
     assert await leaves_at_once(p)  # not yet overdue: nothing says it is behind
     # Overdue: BEHIND times the floor and the peer's confirmation interval have passed.
     clock.now += flow.BEHIND * (0.05 + flow.CONFIRM_EVERY)
+    # Event 2 asked for no confirmation at once: one event goes to ask for it...
+    assert await leaves_at_once(p)
+    assert p.behind and p.confirm_now()
+    p.sent(3, "$e3")
+    # ...and with that one unanswered too, the next waits out max_hold.
     loop = asyncio.get_running_loop()
     started = loop.time()
     await asyncio.wait_for(p.pace(), 2)
     assert 0.09 <= loop.time() - started < 1.0
-    assert p.behind
     assert paced(registry, "max_hold") == 1
     assert fell_behind(registry, "overdue") == 1 and fell_behind(registry, "round_trip") == 0
 
