@@ -291,9 +291,7 @@ class PeerFeed:
         while (self._last_n + 1) in self._held:
             event, size = self._held.pop(self._last_n + 1)
             self._held_bytes -= size
-            stamped = event.get("origin_server_ts")
-            if isinstance(stamped, int) and not isinstance(stamped, bool):
-                self._metrics.peer_event_age_seconds.observe(max(0.0, time.time() - stamped / 1000))
+            self._observe_age(event)
             await self._handle_with_retry(event)
             self._last_n += 1
             self._gap_since = None
@@ -312,6 +310,14 @@ class PeerFeed:
                 self._confirm(), name=f"peer-feed-confirm-{self.peer.domain}"
             )
         return delivered
+
+    def _observe_age(self, event: dict[str, Any]) -> None:
+        """How old the event is as it is handled, from its homeserver's stamp. The peer's side
+        stamps it: a clock far off only skews the figure, and a stamp outside what an event may
+        hold (one beyond a float would raise) is not counted."""
+        stamped = event.get("origin_server_ts")
+        if type(stamped) is int and 0 < stamped <= carrier.MAX_NUMBER:
+            self._metrics.peer_event_age_seconds.observe(max(0.0, time.time() - stamped / 1000))
 
     async def _confirm(self) -> None:
         """Tell the peer's node how far its events are handled: a read receipt on the last one,
