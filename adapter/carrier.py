@@ -389,6 +389,32 @@ async def decode_batch(content: Any, fetch: MediaFetcher) -> list[Routed]:
     return found
 
 
+# A lane event names at most this many rooms that must be read before it (the lanes of the
+# processes its writer took sessions from since its last event).
+MAX_AFTER = 64
+
+
+def read_after(content: Any) -> dict[str, int]:
+    """A lane event's ``after``: the rooms whose events, up to these numbers, a reader must
+    have handled before this event (``{}`` when absent; entries that are not a room id and a
+    number 1 … MAX_NUMBER are ignored)."""
+    after = content.get("after") if isinstance(content, dict) else None
+    if not isinstance(after, dict):
+        return {}
+    found: dict[str, int] = {}
+    for room, n in list(after.items())[:MAX_AFTER]:
+        if (
+            isinstance(room, str)
+            and room.startswith("!")
+            and len(room) <= MAX_SENDER_FIELD
+            and isinstance(n, int)
+            and not isinstance(n, bool)
+            and 0 < n <= MAX_NUMBER
+        ):
+            found[room] = n
+    return found
+
+
 def _unpack(packed: str) -> bytes:
     """A packed batch's media frames; at most ``UNPACKED_LIMIT`` bytes of them (a peer could
     otherwise send a few kB that unpack to gigabytes)."""

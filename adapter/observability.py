@@ -170,6 +170,12 @@ class NodeMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.sibling_waits = Counter(
+            "rethink_mn_lane_waits_total",
+            "Lane events of another node process of the domain held until the lanes they name "
+            "were read here (a runtime moved between processes: its earlier messages first).",
+            registry=registry,
+        )
         self.send_seconds = Histogram(
             "rethink_mn_homeserver_send_seconds",
             "From taking a batch to the homeserver's answer that it persisted the event.",

@@ -41,7 +41,8 @@ up --nodes 2`; three senders and three receivers, spread over both by the kernel
 node-process-sigkill (the process holding the most runtimes killed, kept down until the other
 has taken its sessions over, then started again); node-process-moves (every stub connection cut
 twice, as network: each stub comes back to whichever process it reaches, and its session moves
-there).
+there); node-process-moves-3 (the same on three processes, where a sender's receiver may be
+held by neither the process it left nor the one it reached).
 
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
@@ -128,11 +129,12 @@ SCENARIOS = (
     "persister-sigkill",
     "node-process-sigkill",
     "node-process-moves",
+    "node-process-moves-3",
 )
 # Scenarios for a homeserver in worker mode only (--homeserver-workers).
 WORKER_SCENARIOS = frozenset({"persister-sigkill"})
 # Scenarios for a domain on two node processes, which share a PostgreSQL database.
-CLUSTER_SCENARIOS = frozenset({"node-process-sigkill", "node-process-moves"})
+CLUSTER_SCENARIOS = frozenset({"node-process-sigkill", "node-process-moves", "node-process-moves-3"})
 # The two processes' heartbeat, and how long one is silent before the other takes it for gone.
 CLUSTER = {"heartbeat_seconds": 0.5, "gone_after_seconds": 2.0}
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
@@ -394,8 +396,8 @@ class Stack:
     database: Database
     homeserver_proxy: HomeserverProxy | None = None  # only where Synapse is to answer errors
     peer: PeerDomain | None = None  # only for the scenarios across domains
-    # The domain's second node process (p2; `node` is p1), for the scenarios of a cluster.
-    sibling: NodeProcess | None = None
+    # The domain's other node processes (p2, p3; `node` is p1), for the scenarios of a cluster.
+    siblings: list[NodeProcess] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
 
     @property
@@ -445,7 +447,7 @@ class Stack:
         }
         if self.homeserver.workers:
             procs["persister1"] = SynapseWorker(self.homeserver, "persister1")
-        if self.sibling is not None:
+        if self.siblings:
             procs["node-process"] = await self._busiest_process()
         if self.peer is not None:
             procs |= {"peer-node": self.peer.node, "peer-synapse": self.peer.homeserver}
@@ -474,9 +476,8 @@ class Stack:
         return fault
 
     async def _busiest_process(self) -> NodeProcess:
-        """Of the domain's two node processes, the one holding the most runtimes (the kernel
+        """Of the domain's node processes, the one holding the most runtimes (the kernel
         spreads connections as it likes), so that the fault meets as many as it can."""
-        assert self.sibling is not None
         async with await psycopg.AsyncConnection.connect(self.database.url) as conn:
             found = await conn.execute(
                 "SELECT holder, count(*) FROM runtime_sessions GROUP BY holder ORDER BY 2 DESC"
@@ -484,8 +485,8 @@ class Stack:
             rows = await found.fetchall()
         held = {str(holder): int(count) for holder, count in rows}
         console.print(f"  runtimes held: {held}")
-        busiest = max(("p1", "p2"), key=lambda name: held.get(name, 0))
-        return self.node if busiest == "p1" else self.sibling
+        processes = [self.node, *self.siblings]
+        return max(processes, key=lambda proc: held.get(proc.process or "", 0))
 
     async def database_outage(self, seconds: float) -> Fault:
         fault = Fault("database", None, time.time())
@@ -516,8 +517,8 @@ class Stack:
     async def close(self) -> None:
         await self.proxy.close()
         await self.node.stop()
-        if self.sibling is not None:
-            await self.sibling.stop()
+        for sibling in self.siblings:
+            await sibling.stop()
         if self.peer is not None:
             await self.peer.proxy.close()
             await self.peer.node.stop()
@@ -550,16 +551,18 @@ async def start_stack(
     db = Database(database, work, outages=scenario == "database-outage")
     proxy = Proxy(stub_port)
     cluster = scenario in CLUSTER_SCENARIOS
+    processes = 3 if scenario == "node-process-moves-3" else 2
     node = NodeProcess(
         work / "node.yaml", work / "node.log", as_port, stub_port, "p1" if cluster else None
     )
     hs_proxy = HomeserverProxy(homeserver.url) if scenario == "synapse-errors" else None
     stack = Stack(work, homeserver, node, proxy, db, hs_proxy)
     if cluster:
-        # The same ports (SO_REUSEPORT): the proxy's connections reach either process.
-        stack.sibling = NodeProcess(
-            work / "node.yaml", work / "node-p2.log", as_port, stub_port, "p2"
-        )
+        # The same ports (SO_REUSEPORT): the proxy's connections reach any of the processes.
+        stack.siblings = [
+            NodeProcess(work / "node.yaml", work / f"node-p{i}.log", as_port, stub_port, f"p{i}")
+            for i in range(2, processes + 1)
+        ]
     try:
         peers: dict[str, str] = {}
         if links is not None:
@@ -588,8 +591,7 @@ async def start_stack(
             starting.append(stack.peer.prepare(DOMAIN, homeserver.settings.server_name))
         await asyncio.gather(*starting)
         nodes = [node] if stack.peer is None else [node, stack.peer.node]
-        if stack.sibling is not None:
-            nodes.append(stack.sibling)
+        nodes.extend(stack.siblings)
         for each in nodes:
             each.start()
         for each in nodes:
@@ -1070,9 +1072,11 @@ def scenario_setup(
     if name == "persister-sigkill":
         # The first event persister, where the one lane's room is (start_stack).
         return single, restart("persister1", signal.SIGKILL)
-    if name == "node-process-moves":
+    if name in ("node-process-moves", "node-process-moves-3"):
         # Every stub connection cut twice: each stub connects again through the proxy to
         # whichever process the kernel picks, and its session moves there when it is another.
+        # With three processes a sender's messages before and after a move travel in two
+        # lanes that a third process (its receiver's) reads, each on its own.
         return cluster_pairs, network(0.0)
     if name == "node-process-sigkill":
         # The process holding the most runtimes is killed and kept down until the other has

@@ -34,6 +34,8 @@ SYNC_TIMEOUT_MS = 20_000
 # Events per room one /sync answer carries at most; beyond, the feed reads the room for the rest.
 SYNC_TIMELINE_LIMIT = 100
 RETRY_MAX_SECONDS = 5.0
+# The longest a lane event waits for the rooms it names to be read (see _read_before).
+AFTER_SECONDS = 30.0
 
 
 class SiblingLanes:
@@ -118,6 +120,7 @@ class SiblingLanes:
         event_id = event.get("event_id")
         if not isinstance(event_id, str):
             return
+        await self._read_before(carrier.read_after(event.get("content")))
         try:
             routed = await carrier.decode_batch(event.get("content"), self._bot.download)
         except carrier.CarrierError as exc:
@@ -125,6 +128,18 @@ class SiblingLanes:
             self._metrics.matrix_events_in.labels("undecodable").inc()
             return
         await self._delivery.deliver(routed, self._settlement.ledger(room_id).open(event_id))
+
+    async def _read_before(self, after: dict[str, int]) -> None:
+        """Hold this event until the rooms it names are read here up to its numbers: its writer
+        took runtimes from their writers, and a runtime's messages there must be delivered (and
+        its sender mark moved) before its later ones here, or they would be dropped as routed.
+        A room not read here is this process's own lane (delivered as it was sent) or one of a
+        process struck before this one started (nothing of it to wait for). A wait is bounded:
+        a lane that does not move stalls this one for ``AFTER_SECONDS`` at most."""
+        for room, n in after.items():
+            if room in self._feeds and self.handled_through(room) < n:
+                self._metrics.sibling_waits.inc()
+                await self.catch_up(room, AFTER_SECONDS, n)
 
     def _filter(self) -> dict[str, Any]:
         nothing: dict[str, Any] = {"types": []}
@@ -163,8 +178,8 @@ class SiblingLanes:
                 changed.cancel()
                 if not request.done():
                     request.cancel()
-            if request.cancelled():
-                continue
+            if not request.done() or request.cancelled():
+                continue  # dropped for a new filter (its cancellation may still be under way)
             try:
                 answer = request.result()
             except Exception as exc:  # noqa: BLE001 - the homeserver may be away: try again

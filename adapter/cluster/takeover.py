@@ -153,6 +153,7 @@ class TakeOver:
         )
         before: dict[int, list[Parcel]] = {}
         try:
+            self._after(given["sent"])
             lanes = {room: n for process in processes for room, n in process.lanes}
             before = await self._read_again(given["positions"], {s.id for s in sessions}, lanes)
             for room, through in given["sent"].items():
@@ -190,6 +191,13 @@ class TakeOver:
         if not await self._rows.hand_over(session.id, to, handover):
             log.error("a session could not be handed over", runtime=runtime_url, to=to)
 
+    def _after(self, rooms: dict[str, int]) -> None:
+        """What the taken runtimes sent through the other process's lanes (up to these numbers)
+        is read here before they go on; a third process reads it before what they send now,
+        because this process's lanes tell it to (their next event names these rooms)."""
+        for lane in self._lanes():
+            lane.require_after(rooms)
+
     # -- a gone process's sessions --------------------------------------------------------------
 
     async def _take(self, gone: str, processes: list[Any]) -> None:
@@ -205,12 +213,17 @@ class TakeOver:
         lanes = {room: n for row in processes for room, n in row.lanes}
         before: dict[int, list[Parcel]] = {}
         try:
+            ends = {
+                room: await self._siblings.newest_number(room)
+                for row in processes
+                if row.name == gone
+                for room, _n in row.lanes
+            }
+            self._after(ends)
             positions = await self._checkpoints.positions(process=gone)
             before = await self._read_again(positions, taken, lanes)
-            for row in processes:
-                if row.name == gone:
-                    for room, _n in row.lanes:
-                        await self._siblings.catch_up(room, CATCH_UP_SECONDS)
+            for room, through in ends.items():
+                await self._siblings.catch_up(room, CATCH_UP_SECONDS, through)
         except Exception:
             # Not expected (the homeserver away for long): what the gone process had not
             # settled may be missing for these runtimes; their sessions go on.

@@ -127,6 +127,11 @@ class Lane(StreamOutbox):
         # read again from there).
         self.delivered_through: str | None = None
         self._deliveries: deque[tuple[list[Outgoing], Ticket, float]] = deque()
+        # Rooms (other processes' lanes) that readers must have read up to these numbers
+        # before this lane's next event: this process took sessions from their writers, and
+        # what those runtimes send now must reach a third process after what they sent there.
+        self._after: dict[str, int] = {}
+        self._after_carried: dict[str, int] | None = None
         self._delivering: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -151,8 +156,22 @@ class Lane(StreamOutbox):
 
     # -- sending --------------------------------------------------------------------------------
 
+    def require_after(self, rooms: dict[str, int]) -> None:
+        """Have the lane's next event tell its readers to read ``rooms`` up to these event
+        numbers first. Called before the moved runtimes' connections go on, so that nothing
+        they send now travels in an event without it."""
+        merged = dict(self._after)
+        for room, n in rooms.items():
+            if n > 0 and room != self.room_id:
+                merged[room] = max(n, merged.get(room, 0))
+        self._after = merged
+
     def _header(self) -> dict[str, Any]:
-        return {"lane": self.index, "n": self._n + 1}
+        header: dict[str, Any] = {"lane": self.index, "n": self._n + 1}
+        if self._after:
+            header["after"] = self._after
+            self._after_carried = self._after
+        return header
 
     async def _send_target(self, refresh: bool) -> tuple[Intent, str]:
         intent, room_id = await self._target(self.index, refresh)
@@ -170,6 +189,12 @@ class Lane(StreamOutbox):
 
     def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
         self._n += 1
+        if self._after_carried is not None:
+            # Sent: what this event named is behind every later one. A requirement added
+            # while it was on its way is a new dict, and goes with the next.
+            if self._after is self._after_carried:
+                self._after = {}
+            self._after_carried = None
         for item in batch:
             item.done()
         assert self.room_id is not None

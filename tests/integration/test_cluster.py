@@ -1,4 +1,4 @@
-"""One domain on two node processes (`cluster.process`): one PostgreSQL database, one
+"""One domain on several node processes (`cluster.process`): one PostgreSQL database, one
 homeserver, each process with its own lanes. Runtimes held by different processes reach each
 other; a runtime is held by one process at a time; a process restarted delivers what its
 runtimes were sent meanwhile."""
@@ -6,6 +6,7 @@ runtimes were sent meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest_asyncio
 
 from adapter.node import Node
 from adapter.storage import migrate
+from adapter.storage.processes import ProcessStore
 
 from ..conftest import Databases, Homeserver
 from ..support.runtime import PyRuntime, stub_url
@@ -187,6 +189,67 @@ async def test_a_runtime_moving_between_processes_loses_nothing_sent_to_it(
     finally:
         await ivan.close()
         await judy.close()
+
+
+async def test_a_sender_moving_keeps_its_order_for_a_third_process(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    """ivan streams to judy, who is held by p3, while ivan's stub moves p1 -> p2 -> p1. p3
+    reads both senders' lanes, each on its own, and its reading of p1's lane is slow (as when
+    an event there is a media download and p2's are inline): what ivan sent through p2 must
+    still reach judy after what he sent before through p1, every message once."""
+    start, _running = processes
+    p1, p2, p3 = await start("p1"), await start("p2"), await start("p3")
+    for node in (p1, p2, p3):
+        await _reading(node, 2)
+    assert p3.siblings is not None
+    p1_processes = [row for row in await ProcessStore(p1.db).all() if row.name == "p1"]
+    slow_rooms = {room for row in p1_processes for room, _n in row.lanes}
+    assert slow_rooms and slow_rooms <= set(p3.siblings.rooms)
+    reader = p3.siblings
+    deliver = reader._deliver
+
+    async def slow_on_p1_lanes(room_id: str, event: dict[str, Any]) -> None:
+        if room_id in slow_rooms:
+            await asyncio.sleep(1.0)
+        await deliver(room_id, event)
+
+    reader._deliver = slow_on_p1_lanes  # type: ignore[method-assign]
+    ivan, judy = await _runtime(p1, "ivan3"), await _runtime(p3, "judy3")
+    try:
+        [i] = await ivan.allocate(D)
+        [j] = await judy.allocate(D)
+        async with asyncio.timeout(10):
+            while any(node.table.owner(j) is None for node in (p1, p2)):
+                await asyncio.sleep(0.02)
+        total, sent = 150, 0
+        for target in (p2, p1, None):
+            for _ in range(50):
+                sent += 1
+                await ivan.send(_message(sent, i, j))
+                await asyncio.sleep(0.005)
+            if target is None:
+                break
+            await ivan.drop()
+            ivan.stub_url = stub_url(target)
+            await ivan.connect()
+            assert ivan.connect_answer is not None and ivan.connect_answer["response"] == 200
+        got: list[int] = []
+        with contextlib.suppress(TimeoutError):
+            while len(got) < total:
+                got.append((await judy.receive(timeout=20))["body"]["n"])
+        assert got == list(range(1, total + 1))
+        assert await judy.nothing_within(0.5)
+        # p3 held p2's first lane event after the move until it had read p1's lane that far.
+        assert _counted(p3, "rethink_mn_lane_waits_total") >= 1
+    finally:
+        await ivan.close()
+        await judy.close()
+
+
+def _counted(node: Node, name: str) -> float:
+    value = node.metrics.registry.get_sample_value(name)
+    return value or 0.0
 
 
 async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhile(

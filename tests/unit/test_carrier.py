@@ -240,3 +240,24 @@ def test_a_batch_that_deflates_little_stays_inline() -> None:
     encoder = LaneEncoder()
     encoded = encoder.encode({"n": 1}, items)
     assert encoded.kind == "inline" and encoder.packed_per_frame_byte > 0.9
+
+
+def test_the_rooms_a_lane_event_names_to_read_first_are_checked() -> None:
+    good = {"!a:hs": 3, "!b:hs": carrier.MAX_NUMBER}
+    assert carrier.read_after({"v": 2, "after": good}) == good
+    hostile = {
+        "!ok:hs": 1,
+        "not-a-room": 5,
+        "!zero:hs": 0,
+        "!neg:hs": -1,
+        "!big:hs": carrier.MAX_NUMBER + 1,
+        "!float:hs": 2.0,
+        "!bool:hs": True,
+        "!str:hs": "4",
+        "!" + "x" * 2000: 4,
+    }
+    assert carrier.read_after({"after": hostile}) == {"!ok:hs": 1}
+    for content in (None, [], {"after": None}, {"after": [["!a:hs", 1]]}, {"after": "!a:hs"}):
+        assert carrier.read_after(content) == {}
+    many = {f"!r{i}:hs": 1 for i in range(carrier.MAX_AFTER + 10)}
+    assert len(carrier.read_after({"after": many})) == carrier.MAX_AFTER

@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry
 from adapter import carrier
 from adapter.carrier import JournalEncoder, LaneEncoder, Routed, Sender
 from adapter.observability import NodeMetrics
-from adapter.routing.lanes import Outgoing
-from adapter.routing.stream import BatchStream, StreamLimits
+from adapter.routing.lanes import Lane, Outgoing
+from adapter.routing.settlement import LaneLedger
+from adapter.routing.stream import BatchStream, StreamLimits, Traffic
 from appservice.api import HomeserverUnreachable, MatrixError
 
 
@@ -303,3 +304,72 @@ async def test_a_backlog_leaves_in_large_media_events() -> None:
     assert await s.flush(5)
     assert done == list(range(1, 601))
     assert intent.kinds[0] == "media"
+
+
+class GatedLaneIntent(LaneIntent):
+    """Keeps each event's content; a send waits for ``gate`` while it is clear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contents: list[dict[str, Any]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.sending = asyncio.Event()
+
+    async def send_event(self, room_id: str, event_type: str, content: Any, txn_id: str) -> str:
+        self.sending.set()
+        await self.gate.wait()
+        self.contents.append(orjson.loads(content))
+        return await super().send_event(room_id, event_type, content, txn_id)
+
+
+class NoDelivery:
+    """The lane's delivery, unused here beyond what the lane asks of it."""
+
+    def routed_through(self, origin: str) -> int:
+        return 0
+
+    async def deliver(self, *args: Any) -> None:
+        return None
+
+
+async def test_a_lane_names_the_rooms_to_read_first_in_its_next_event_and_no_later() -> None:
+    """After taking sessions from another process, the next event of each lane names that
+    process's lanes (with the numbers to read them through). A requirement added while an
+    event is on its way goes with the one after it: that event was encoded before the moved
+    runtimes could send anything."""
+    intent = GatedLaneIntent()
+
+    async def target(index: int, refresh: bool) -> tuple[Any, str]:
+        return intent, "!own"
+
+    lane = Lane(
+        0,
+        target,
+        NoDelivery(),  # type: ignore[arg-type]
+        LaneLedger,
+        NodeMetrics(CollectorRegistry()),
+        StreamLimits(retry_initial=0.01, retry_max=0.02),
+        Traffic(),
+    )
+    lane.ready.set()
+    lane.push(crowd_message(1))
+    assert await lane.flush(5)  # the lane knows its room now
+    lane.require_after({"!p1": 7, "!own": 9, "!p0": 0})
+    lane.require_after({"!p1": 5, "!p2": 3})
+    lane.push(crowd_message(2))
+    assert await lane.flush(5)
+    lane.push(crowd_message(3))
+    assert await lane.flush(5)
+    intent.gate.clear()
+    intent.sending.clear()
+    lane.push(crowd_message(4))
+    await intent.sending.wait()
+    lane.require_after({"!p3": 4})
+    intent.gate.set()
+    lane.push(crowd_message(5))
+    assert await lane.flush(5)
+    afters = [c.get("after") for c in intent.contents]
+    assert afters == [None, {"!p1": 7, "!p2": 3}, None, None, {"!p3": 4}]
+    assert [carrier.read_after(c) for c in intent.contents][1] == {"!p1": 7, "!p2": 3}
+    await lane.close()
