@@ -81,6 +81,7 @@ from .services.registry import domain_registry_address, node_addresses
 from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from .services.subscriptions import SubscriptionService
 from .sessions.registry import Lifecycle, SessionRegistry
+from .sessions.session import Session
 from .sessions.tokens import SessionTokens
 from .stalls import StallWatch
 from .storage.checkpoints import CheckpointStore
@@ -293,6 +294,8 @@ class Node:
         self._shared_routes: SharedRoutes | None = None
         self.membership: Membership | None = None
         self._take_over: TakeOver | None = None
+        # Sessions whose handover to this process was not finished when it stopped (start-up).
+        self._unfinished: list[tuple[Session, str]] = []
         if process is not None:
             assert self.rooms.lane_reader is not None
             self.siblings = SiblingLanes(
@@ -590,6 +593,9 @@ class Node:
             # from its end (a process new to the domain) must not start after a message for
             # a runtime this process already took.
             await self._join_cluster(positions)
+            assert self._take_over is not None
+            await self._take_over.finish_unfinished(self._unfinished)
+            self._unfinished = []
         stub_app = web.Application()
         WebPages(cfg.domain).add_routes(stub_app)
         self.stub_endpoint.add_routes(stub_app)
@@ -628,6 +634,8 @@ class Node:
         self.delivery.marks.update(marks)
         await self._rule_store.load()
         await self.sessions.load(epoch, await self._pending.stored())
+        if self._take_over is not None:
+            self._unfinished = await self._take_over.hold_unfinished()
         await self._load_routes(lambda _session_id: True)
         for address, domain, runtime in await self._remote_subscriptions.all():
             self.table.subscribe_domain(domain, runtime, [address])
@@ -781,6 +789,8 @@ class Node:
             await self.membership.close()
         if self.siblings is not None:
             await self.siblings.close()
+        if self._take_over is not None:
+            await self._take_over.close()
         if self._shared_routes is not None:
             await self._shared_routes.close()
         for task in list(self._background):

@@ -134,7 +134,9 @@ SCENARIOS = (
 # Scenarios for a homeserver in worker mode only (--homeserver-workers).
 WORKER_SCENARIOS = frozenset({"persister-sigkill"})
 # Scenarios for a domain on two node processes, which share a PostgreSQL database.
-CLUSTER_SCENARIOS = frozenset({"node-process-sigkill", "node-process-moves", "node-process-moves-3"})
+CLUSTER_SCENARIOS = frozenset(
+    {"node-process-sigkill", "node-process-moves", "node-process-moves-3"}
+)
 # The two processes' heartbeat, and how long one is silent before the other takes it for gone.
 CLUSTER = {"heartbeat_seconds": 0.5, "gone_after_seconds": 2.0}
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"

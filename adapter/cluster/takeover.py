@@ -34,6 +34,7 @@ If the gone process was only slow, its next heartbeat finds its row struck and i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import time
 from collections import OrderedDict
@@ -52,6 +53,7 @@ from ..routing.lanes import Lane
 from ..routing_table import RoutingTable
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
+from ..sessions.session import Session
 from ..storage.checkpoints import CheckpointStore
 from ..storage.pending import PendingStore
 from ..storage.processes import ProcessStore
@@ -68,6 +70,30 @@ HANDOVER_SECONDS = 5.0
 # flapping between processes faster is told to connect again later (503).
 HANDOVER_INTERVAL_SECONDS = 1.0
 RECENT_HANDOVERS = 10_000
+
+
+class ReadAgain:
+    """A taken session's deliveries read again from the rooms: settled once its runtime has
+    acknowledged, or this process has stored, every one of them (a mailbox ticket)."""
+
+    __slots__ = ("_settled", "event_id", "pending")
+
+    def __init__(self) -> None:
+        self.event_id: str | None = None  # not one lane event's
+        self.pending = 0
+        self._settled = asyncio.Event()
+
+    def hold(self) -> None:
+        self.pending += 1
+
+    def release(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0:
+            self._settled.set()
+
+    async def wait(self) -> None:
+        if self.pending > 0:
+            await self._settled.wait()
 
 
 class TakeOver:
@@ -87,6 +113,8 @@ class TakeOver:
     ) -> None:
         self._name = name
         self._lanes = lanes
+        # Handovers waiting for what was read again for their sessions to settle.
+        self._finishing: set[asyncio.Task[None]] = set()
         self._rows = rows
         self._processes = processes
         self._checkpoints = checkpoints
@@ -161,9 +189,13 @@ class TakeOver:
         except Exception:
             log.exception("reading the rooms again for a handed session failed", process=holder)
         finally:
-            self._sessions.adopted(sessions, before)
-        await self._rows.taken(row.id)
-        log.info("session handed over", process=holder, runtime=runtime_url)
+            self._adopted(sessions, before, {row.id: handover})
+        log.info(
+            "session handed over",
+            process=holder,
+            runtime=runtime_url,
+            read_again=sum(len(p) for p in before.values()),
+        )
         return True
 
     async def give(self, runtime_url: str, to: str) -> None:
@@ -191,6 +223,39 @@ class TakeOver:
         if not await self._rows.hand_over(session.id, to, handover):
             log.error("a session could not be handed over", runtime=runtime_url, to=to)
 
+    def _adopted(
+        self, sessions: list[Session], before: dict[int, list[Parcel]], handovers: dict[int, str]
+    ) -> None:
+        """Let the taken runtimes go on, with what was read again for them first. Each
+        session's handover stays in its row until that is settled (the runtime acknowledged or
+        this process stored every message of it): should this process die before, the one
+        taking over from it reads again from the same place."""
+        tickets = {session.id: ReadAgain() for session in sessions}
+        self._sessions.adopted(sessions, before, tickets)
+        for session_id, handover in handovers.items():
+            task = asyncio.create_task(
+                self._finished(session_id, handover, tickets.get(session_id)),
+                name="handover-finished",
+            )
+            self._finishing.add(task)
+            task.add_done_callback(self._finishing.discard)
+
+    async def _finished(self, session_id: int, handover: str, ticket: ReadAgain | None) -> None:
+        if ticket is not None:
+            await ticket.wait()
+        try:
+            await self._rows.taken(session_id, handover)
+        except Exception as exc:  # noqa: BLE001 - a later take-over only reads a little more
+            log.warning("a finished handover was not cleared", error=repr(exc))
+
+    async def close(self) -> None:
+        """Stop waiting: a handover not finished stays in its row (a later take-over reads
+        again from it, which costs a little more reading, never a message)."""
+        for task in list(self._finishing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     def _after(self, rooms: dict[str, int]) -> None:
         """What the taken runtimes sent through the other process's lanes (up to these numbers)
         is read here before they go on; a third process reads it before what they send now,
@@ -201,14 +266,18 @@ class TakeOver:
     # -- a gone process's sessions --------------------------------------------------------------
 
     async def _take(self, gone: str, processes: list[Any]) -> None:
-        rows = await self._rows.take_over(gone)
-        if not rows:
+        positions = await self._checkpoints.positions(process=gone)
+        found = await self._rows.take_over(
+            gone, orjson.dumps({"positions": positions, "sent": {}}).decode()
+        )
+        if not found:
             return
         log.warning("taking over the sessions of a node process that is gone", process=gone)
         epoch = await self._checkpoints.next_start()
         stored = await self._pending.stored()
-        sessions = self._sessions.adopt(rows, epoch, stored)
-        taken = {session.id for session in sessions}
+        sessions = self._sessions.adopt([row for row, _handover in found], epoch, stored)
+        adopted = {session.id for session in sessions}
+        handovers = {row.id: handover for row, handover in found}
         # Every process's lanes, this one's too (registered before it takes anything over).
         lanes = {room: n for row in processes for room, n in row.lanes}
         before: dict[int, list[Parcel]] = {}
@@ -220,8 +289,11 @@ class TakeOver:
                 for room, _n in row.lanes
             }
             self._after(ends)
-            positions = await self._checkpoints.positions(process=gone)
-            before = await self._read_again(positions, taken, lanes)
+            # From the gone process's positions, or for a session handed to it that it had
+            # not finished with, from where its previous holder stopped.
+            before = await self._read_again_from(
+                {i: h for i, h in handovers.items() if i in adopted}, lanes
+            )
             for room, through in ends.items():
                 await self._siblings.catch_up(room, CATCH_UP_SECONDS, through)
         except Exception:
@@ -229,13 +301,60 @@ class TakeOver:
             # settled may be missing for these runtimes; their sessions go on.
             log.exception("reading the rooms again for taken sessions failed", process=gone)
         finally:
-            self._sessions.adopted(sessions, before)
+            self._adopted(sessions, before, handovers)
         log.warning(
             "sessions taken over",
             process=gone,
             sessions=len(sessions),
             read_again=sum(len(p) for p in before.values()),
         )
+
+    # -- this process's own unfinished handovers, after a restart ------------------------------
+
+    async def hold_unfinished(self) -> list[tuple[Session, str]]:
+        """At start, before any lane is read: the sessions this process was taking over when
+        it stopped (handed to it, or a gone process's) and had not finished with (what it
+        read again for them may not have been stored). What is delivered to them is held until
+        ``finish_unfinished`` has read it again."""
+        held = []
+        for session_id, handover in await self._rows.unfinished():
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.mailbox.hold()
+                held.append((session, handover))
+        return held
+
+    async def finish_unfinished(self, held: list[tuple[Session, str]]) -> None:
+        """Read again, for the sessions ``hold_unfinished`` found, from their handovers; before
+        their runtimes may connect."""
+        if not held:
+            return
+        handovers = {session.id: handover for session, handover in held}
+        before: dict[int, list[Parcel]] = {}
+        try:
+            lanes = {room: n for row in await self._processes.all() for room, n in row.lanes}
+            before = await self._read_again_from(handovers, lanes)
+        except Exception:
+            log.exception("reading the rooms again for unfinished handovers failed")
+        finally:
+            self._adopted([session for session, _h in held], before, handovers)
+        log.warning(
+            "unfinished handovers read again",
+            sessions=len(held),
+            read_again=sum(len(p) for p in before.values()),
+        )
+
+    async def _read_again_from(
+        self, handovers: dict[int, str], lanes: dict[str, int]
+    ) -> dict[int, list[Parcel]]:
+        """What the lanes carried for each session after the positions of its handover."""
+        groups: dict[str, set[int]] = {}
+        for session_id, handover in handovers.items():
+            groups.setdefault(handover, set()).add(session_id)
+        before: dict[int, list[Parcel]] = {}
+        for handover, taken in groups.items():
+            before |= await self._read_again(orjson.loads(handover)["positions"], taken, lanes)
+        return before
 
     async def _read_again(
         self, positions: dict[str, str], taken: set[int], lanes: dict[str, int]

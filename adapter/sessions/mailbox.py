@@ -254,13 +254,14 @@ class Mailbox:
         """Keep what is delivered aside until ``unhold``."""
         self._held = []
 
-    def unhold(self, before: Sequence[Parcel]) -> None:
-        """Keep ``before`` (read again from the rooms), then what was held meanwhile, but not
-        twice: a held message that is also in ``before`` is dropped."""
+    def unhold(self, before: Sequence[Parcel], ticket: Ticket | None = None) -> None:
+        """Keep ``before`` (read again from the rooms; each delivery of it holds ``ticket``
+        until settled), then what was held meanwhile, but not twice: a held message that is
+        also in ``before`` is dropped."""
         held, self._held = self._held or [], None
         seen = {(p.origin, p.oseq) for p in before if p.origin is not None}
         for parcel in before:
-            self._kept.append(self._new_entry(self._next(), parcel, None))
+            self._kept.append(self._new_entry(self._next(), parcel, ticket))
         for entry in held:
             if (entry.parcel.origin, entry.parcel.oseq) in seen:
                 self._done_with(entry)

@@ -12,7 +12,7 @@ import asyncio
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from ..storage.sessions import HeldElsewhere
 from .link import CLOSE_REPLACED, Link
-from .mailbox import DeliveryStore, Mailbox, Parcel
+from .mailbox import DeliveryStore, Mailbox, Parcel, Ticket
 from .serial import Serial
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
@@ -256,11 +256,18 @@ class SessionRegistry:
             session.mailbox.discarded = True
             return session, snapshot
 
-    def adopted(self, sessions: list[Session], before: dict[int, list[Parcel]]) -> None:
-        """The sessions' deliveries read again from the rooms (``before``, per session) come
-        first, then what was held; their runtimes may connect."""
+    def adopted(
+        self,
+        sessions: list[Session],
+        before: dict[int, list[Parcel]],
+        tickets: Mapping[int, Ticket] | None = None,
+    ) -> None:
+        """The sessions' deliveries read again from the rooms (``before``, per session, each
+        holding the session's ticket in ``tickets`` until settled) come first, then what was
+        held; their runtimes may connect."""
         for session in sessions:
-            session.mailbox.unhold(before.get(session.id, []))
+            ticket = tickets.get(session.id) if tickets is not None else None
+            session.mailbox.unhold(before.get(session.id, []), ticket)
             taken = self._adopting.pop(session.runtime_url, None)
             if taken is not None:
                 taken.set()

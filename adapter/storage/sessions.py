@@ -9,7 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Connection, bindparam, delete, inspect, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    bindparam,
+    delete,
+    func,
+    inspect,
+    select,
+    true,
+    update,
+)
 
 from .clock import utcnow
 from .database import Database, Prepared, upsert
@@ -161,15 +171,21 @@ class SessionStore:
 
         return await self._db.run(op)
 
-    async def take_over(self, gone: str) -> list[SessionRow]:
+    async def take_over(self, gone: str, handover: str) -> list[tuple[SessionRow, str]]:
         """Hold every session node process ``gone`` held ("": sessions nobody holds, left by
         the domain's single process of before), and strike it from the domain's processes (if
         it is only slow, its next heartbeat finds its row gone and it stops: two processes
-        never hold one session). Nothing when another process was first."""
+        never hold one session). Nothing when another process was first.
+
+        Each row comes with where its deliveries are to be read again from: ``handover``
+        (the gone process's positions), or the handover the gone process was given for it and
+        had not finished with (it died before what it read again for it was settled). It stays
+        in the row until this process has settled what it reads again (``taken``), so that a
+        process taking over from this one, should it die first, reads from there too."""
         assert self._holder is not None
         held_by_gone = _S.holder.is_(None) if gone == "" else _S.holder == gone
 
-        def op(conn: Connection) -> list[SessionRow]:
+        def op(conn: Connection) -> list[tuple[SessionRow, str]]:
             if gone:
                 struck = conn.execute(delete(NodeProcess).where(NodeProcess.name == gone))
                 if not struck.rowcount:
@@ -177,10 +193,19 @@ class SessionStore:
             rows = conn.execute(
                 update(_S)
                 .where(held_by_gone)
-                .values(holder=self._holder, state=SessionState.DETACHED)
-                .returning(*_ROW_COLUMNS)
+                .values(
+                    holder=self._holder,
+                    state=SessionState.DETACHED,
+                    handover=func.coalesce(_S.handover, handover),
+                )
+                .returning(*_ROW_COLUMNS, _S.handover)
             )
-            return [SessionRow(**row._asdict()) for row in rows]
+            found = []
+            for row in rows:
+                fields = row._asdict()
+                given = str(fields.pop("handover"))
+                found.append((SessionRow(**fields), given))
+            return found
 
         return await self._db.run(op)
 
@@ -218,11 +243,32 @@ class SessionStore:
 
         return await self._db.run(op)
 
-    async def taken(self, session_id: int) -> None:
-        """The handed session is this process's now: its handover is done with."""
+    async def unfinished(self) -> list[tuple[int, str]]:
+        """(id, handover) of the sessions this process holds whose handover it had not
+        finished with when it last stopped."""
+        assert self._holder is not None
+
+        def op(conn: Connection) -> list[tuple[int, str]]:
+            found = conn.execute(
+                select(_S.id, _S.handover).where(
+                    _S.holder == self._holder, _S.handover.is_not(None)
+                )
+            )
+            return [(int(i), str(h)) for i, h in found]
+
+        return await self._db.run(op)
+
+    async def taken(self, session_id: int, handover: str) -> None:
+        """What this process read again for the session from ``handover`` is settled (the
+        runtime has it or it is stored): the handover is done with. Not if the session was
+        handed on meanwhile (its row then holds the next handover)."""
 
         def op(conn: Connection) -> None:
-            conn.execute(update(_S).where(_S.id == session_id).values(handover=None))
+            conn.execute(
+                update(_S)
+                .where(_S.id == session_id, _S.holder == self._holder, _S.handover == handover)
+                .values(handover=None)
+            )
 
         await self._db.run(op)
 

@@ -247,6 +247,106 @@ async def test_a_sender_moving_keeps_its_order_for_a_third_process(
         await judy.close()
 
 
+@pytest.mark.parametrize("then", ["gone", "restarted"])
+async def test_a_new_holder_dying_before_it_stored_what_it_read_again_loses_nothing(
+    processes: tuple[StartProcess, dict[str, Node]], then: str
+) -> None:
+    """judy moves from p1 to p2 while p1 is behind in the lane carrying ivan's messages to her
+    (its reading of p3's lane is slow), so p2 reads them again for her. p2 then dies before
+    it stored them or her stub had them (from the moment she connects, nothing p2 writes
+    lands), though it had stored its own position in that lane past them. Whoever holds her
+    session next (another process taking p2's sessions as gone, or p2 itself restarted) must
+    read them again from where p1 stopped: judy's stub, reloaded, gets every message it had
+    not acknowledged."""
+    start, running = processes
+    gone_after = 1.5 if then == "gone" else 30
+    p1, p2, p3 = [await start(name, gone_after=gone_after) for name in ("p1", "p2", "p3")]
+    for node in (p1, p2, p3):
+        await _reading(node, 2)
+    assert p1.siblings is not None
+    p3_rows = [row for row in await ProcessStore(p3.db).all() if row.name == "p3"]
+    slow_rooms = {room for row in p3_rows for room, _n in row.lanes}
+    reader = p1.siblings
+    deliver = reader._deliver
+
+    async def slow_on_p3_lanes(room_id: str, event: dict[str, Any]) -> None:
+        if room_id in slow_rooms:
+            await asyncio.sleep(1.0)
+        await deliver(room_id, event)
+
+    reader._deliver = slow_on_p3_lanes  # type: ignore[method-assign]
+    ivan, judy = await _runtime(p3, "ivan4"), await _runtime(p1, "judy4")
+    reloaded: PyRuntime | None = None
+    try:
+        [i] = await ivan.allocate(D)
+        [j] = await judy.allocate(D)
+        async with asyncio.timeout(10):
+            while any(node.table.owner(j) is None for node in (p2, p3)):
+                await asyncio.sleep(0.02)
+        total = 40
+        for n in range(1, total + 1):
+            await ivan.send(_message(n, i, j))
+            if n % 10 == 0:
+                await asyncio.sleep(0.2)
+        await asyncio.sleep(1.2)  # p2 has read p3's lane and checkpointed its position there
+        got_before: list[int] = []
+        while not judy.inbox.empty():
+            got_before.append(judy.inbox.get_nowait()["body"]["n"])
+        assert len(got_before) < total, "p1 was not behind: nothing to read again"
+
+        # From here on nothing p2 writes lands: it is dying.
+        async def no_checkpoint(final: bool = False) -> None:
+            return None
+
+        async def not_stored(*args: Any) -> None:
+            raise ConnectionError("p2 is dying")
+
+        p2.settlement.checkpoint = no_checkpoint  # type: ignore[method-assign]
+        p2.sessions._deliveries.append = not_stored  # type: ignore[method-assign]
+        await judy.drop()
+        judy.stub_url = stub_url(p2)
+        await judy.connect()
+        assert judy.connect_answer is not None and judy.connect_answer["response"] == 200
+        assert p2.sessions.by_runtime(judy.runtime_url) is not None
+        # p1 catches up: whoever takes p2's sessions has read past ivan's messages by then.
+        reader._deliver = deliver  # type: ignore[method-assign]
+        for room in slow_rooms:
+            assert await reader.catch_up(room, 15)
+        await asyncio.sleep(0.5)
+        await judy.drop()
+        if then == "gone":
+            # p2 dies (no heartbeat, no checkpoint, its stub connection gone).
+            assert p2.membership is not None
+            await p2.membership.close()
+            async with asyncio.timeout(15):
+                while all(n.sessions.by_runtime(judy.runtime_url) is None for n in (p1, p3)):
+                    await asyncio.sleep(0.05)
+            back = p1
+        else:
+            # p2 stops (it cannot store anything) and starts again, its sessions still its own.
+            await p2.stop()
+            del running["p2"]
+            p2 = back = await start("p2", gone_after=gone_after)
+        # Her runtime reloads: a fresh stub, with the session token it kept.
+        reloaded = PyRuntime(stub_url(back), judy.runtime_url, acked=True)
+        await reloaded.connect(token=judy.token)
+        assert reloaded.connect_answer is not None
+        assert reloaded.connect_answer["response"] == 200, reloaded.connect_answer
+        got_after: set[int] = set()
+        with contextlib.suppress(TimeoutError):
+            while set(got_before) | got_after != set(range(1, total + 1)):
+                got_after.add((await reloaded.receive(timeout=15))["body"]["n"])
+        assert sorted(set(got_before) | got_after) == list(range(1, total + 1))
+    finally:
+        await ivan.close()
+        await judy.close()
+        if reloaded is not None:
+            await reloaded.close()
+        if then == "gone":
+            await p2.stop()
+            del running["p2"]
+
+
 def _counted(node: Node, name: str) -> float:
     value = node.metrics.registry.get_sample_value(name)
     return value or 0.0
