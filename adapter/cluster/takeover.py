@@ -232,21 +232,27 @@ class TakeOver:
         taking over from it reads again from the same place."""
         tickets = {session.id: ReadAgain() for session in sessions}
         self._sessions.adopted(sessions, before, tickets)
-        for session_id, handover in handovers.items():
-            task = asyncio.create_task(
-                self._finished(session_id, handover, tickets.get(session_id)),
-                name="handover-finished",
-            )
-            self._finishing.add(task)
-            task.add_done_callback(self._finishing.discard)
+        task = asyncio.create_task(self._finished(handovers, tickets), name="handovers-finished")
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
-    async def _finished(self, session_id: int, handover: str, ticket: ReadAgain | None) -> None:
-        if ticket is not None:
-            await ticket.wait()
-        try:
-            await self._rows.taken(session_id, handover)
-        except Exception as exc:  # noqa: BLE001 - a later take-over only reads a little more
-            log.warning("a finished handover was not cleared", error=repr(exc))
+    async def _finished(self, handovers: dict[int, str], tickets: dict[int, ReadAgain]) -> None:
+        """Clear each handover once what was read again for its session is settled: at once
+        where nothing was (in one statement), the others as each settles."""
+        waiting = {i for i in handovers if i in tickets and tickets[i].pending > 0}
+
+        async def clear(done: dict[int, str]) -> None:
+            try:
+                await self._rows.taken(done)
+            except Exception as exc:  # noqa: BLE001 - a later take-over only reads more
+                log.warning("a finished handover was not cleared", error=repr(exc))
+
+        async def when_settled(session_id: int) -> None:
+            await tickets[session_id].wait()
+            await clear({session_id: handovers[session_id]})
+
+        await clear({i: h for i, h in handovers.items() if i not in waiting})
+        await asyncio.gather(*(when_settled(i) for i in waiting))
 
     async def close(self) -> None:
         """Stop waiting: a handover not finished stays in its row (a later take-over reads

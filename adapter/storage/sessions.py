@@ -258,19 +258,24 @@ class SessionStore:
 
         return await self._db.run(op)
 
-    async def taken(self, session_id: int, handover: str) -> None:
-        """What this process read again for the session from ``handover`` is settled (the
-        runtime has it or it is stored): the handover is done with. Not if the session was
+    async def taken(self, handovers: dict[int, str]) -> None:
+        """What this process read again for each session from its handover is settled (the
+        runtime has it or it is stored): the handover is done with. Not where the session was
         handed on meanwhile (its row then holds the next handover)."""
+        groups: dict[str, list[int]] = {}
+        for session_id, handover in handovers.items():
+            groups.setdefault(handover, []).append(session_id)
 
         def op(conn: Connection) -> None:
-            conn.execute(
-                update(_S)
-                .where(_S.id == session_id, _S.holder == self._holder, _S.handover == handover)
-                .values(handover=None)
-            )
+            for handover, ids in groups.items():
+                conn.execute(
+                    update(_S)
+                    .where(_S.id.in_(ids), _S.holder == self._holder, _S.handover == handover)
+                    .values(handover=None)
+                )
 
-        await self._db.run(op)
+        if groups:
+            await self._db.run(op)
 
     async def runtimes(self) -> list[tuple[int, str]]:
         """(id, runtimeURL) of every session of the domain, whoever holds it."""
