@@ -170,7 +170,7 @@ class NodeMetrics:
             ["outcome"],
             registry=registry,
         )
-        self.sibling_waits = Counter(
+        self.lane_waits = Counter(
             "rethink_mn_lane_waits_total",
             "Lane events of another node process of the domain held until the lanes they name "
             "were read here (a runtime moved between processes: its earlier messages first).",

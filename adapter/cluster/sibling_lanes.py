@@ -138,7 +138,7 @@ class SiblingLanes:
         a lane that does not move stalls this one for ``AFTER_SECONDS`` at most."""
         for room, n in after.items():
             if room in self._feeds and self.handled_through(room) < n:
-                self._metrics.sibling_waits.inc()
+                self._metrics.lane_waits.inc()
                 await self.catch_up(room, AFTER_SECONDS, n)
 
     def _filter(self) -> dict[str, Any]:
