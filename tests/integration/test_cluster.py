@@ -202,19 +202,7 @@ async def test_a_sender_moving_keeps_its_order_for_a_third_process(
     p1, p2, p3 = await start("p1"), await start("p2"), await start("p3")
     for node in (p1, p2, p3):
         await _reading(node, 2)
-    assert p3.siblings is not None
-    p1_processes = [row for row in await ProcessStore(p1.db).all() if row.name == "p1"]
-    slow_rooms = {room for row in p1_processes for room, _n in row.lanes}
-    assert slow_rooms and slow_rooms <= set(p3.siblings.rooms)
-    reader = p3.siblings
-    deliver = reader._deliver
-
-    async def slow_on_p1_lanes(room_id: str, event: dict[str, Any]) -> None:
-        if room_id in slow_rooms:
-            await asyncio.sleep(1.0)
-        await deliver(room_id, event)
-
-    reader._deliver = slow_on_p1_lanes  # type: ignore[method-assign]
+    await _slow_reading(p3, "p1")
     ivan, judy = await _runtime(p1, "ivan3"), await _runtime(p3, "judy3")
     try:
         [i] = await ivan.allocate(D)
@@ -263,18 +251,7 @@ async def test_a_new_holder_dying_before_it_stored_what_it_read_again_loses_noth
     p1, p2, p3 = [await start(name, gone_after=gone_after) for name in ("p1", "p2", "p3")]
     for node in (p1, p2, p3):
         await _reading(node, 2)
-    assert p1.siblings is not None
-    p3_rows = [row for row in await ProcessStore(p3.db).all() if row.name == "p3"]
-    slow_rooms = {room for row in p3_rows for room, _n in row.lanes}
-    reader = p1.siblings
-    deliver = reader._deliver
-
-    async def slow_on_p3_lanes(room_id: str, event: dict[str, Any]) -> None:
-        if room_id in slow_rooms:
-            await asyncio.sleep(1.0)
-        await deliver(room_id, event)
-
-    reader._deliver = slow_on_p3_lanes  # type: ignore[method-assign]
+    read_normally = await _slow_reading(p1, "p3")
     ivan, judy = await _runtime(p3, "ivan4"), await _runtime(p1, "judy4")
     reloaded: PyRuntime | None = None
     try:
@@ -309,9 +286,7 @@ async def test_a_new_holder_dying_before_it_stored_what_it_read_again_loses_noth
         assert judy.connect_answer is not None and judy.connect_answer["response"] == 200
         assert p2.sessions.by_runtime(judy.runtime_url) is not None
         # p1 catches up: whoever takes p2's sessions has read past ivan's messages by then.
-        reader._deliver = deliver  # type: ignore[method-assign]
-        for room in slow_rooms:
-            assert await reader.catch_up(room, 15)
+        assert await read_normally()
         await asyncio.sleep(0.5)
         await judy.drop()
         if then == "gone":
@@ -345,6 +320,30 @@ async def test_a_new_holder_dying_before_it_stored_what_it_read_again_loses_noth
         if then == "gone":
             await p2.stop()
             del running["p2"]
+
+
+async def _slow_reading(reader: Node, writer: str) -> Callable[[], Awaitable[bool]]:
+    """Make ``reader`` take a second over each event of process ``writer``'s lanes (as when an
+    event there is a media download and the other lanes' are inline). Returns what undoes it:
+    normal reading again, then those lanes read to their ends (whether within 15 s)."""
+    siblings = reader.siblings
+    assert siblings is not None
+    rows = [row for row in await ProcessStore(reader.db).all() if row.name == writer]
+    slow_rooms = {room for row in rows for room, _n in row.lanes}
+    assert slow_rooms and slow_rooms <= set(siblings.rooms)
+    deliver = siblings._deliver
+
+    async def slowly(room_id: str, event: dict[str, Any]) -> None:
+        if room_id in slow_rooms:
+            await asyncio.sleep(1.0)
+        await deliver(room_id, event)
+
+    async def read_normally() -> bool:
+        siblings._deliver = deliver  # type: ignore[method-assign]
+        return all([await siblings.catch_up(room, 15) for room in slow_rooms])
+
+    siblings._deliver = slowly  # type: ignore[method-assign]
+    return read_normally
 
 
 def _counted(node: Node, name: str) -> float:
