@@ -322,13 +322,8 @@ class TakeOver:
         it stopped (handed to it, or a gone process's) and had not finished with (what it
         read again for them may not have been stored). What is delivered to them is held until
         ``finish_unfinished`` has read it again."""
-        held = []
-        for session_id, handover in await self._rows.unfinished():
-            session = self._sessions.get(session_id)
-            if session is not None:
-                session.mailbox.hold()
-                held.append((session, handover))
-        return held
+        unfinished = dict(await self._rows.unfinished())
+        return [(s, unfinished[s.id]) for s in self._sessions.hold(list(unfinished))]
 
     async def finish_unfinished(self, held: list[tuple[Session, str]]) -> None:
         """Read again, for the sessions ``hold_unfinished`` found, from their handovers; before

@@ -213,19 +213,30 @@ class SessionRegistry:
         fresh start count, so their delivery numbers stay above the old holder's. What is
         delivered to them is held until ``adopted``; their runtimes' connections wait."""
         now = utcnow()
-        taken = asyncio.Event()
-        sessions = []
+        added = []
         for row in rows:
             if row.runtime_url in self._by_runtime:
                 continue
             session = self._from_row(row, epoch, stored, now)
-            session.mailbox.hold()
-            self._adopting[session.runtime_url] = taken
             self._add(session)
             self._detached[session.id] = session
-            sessions.append(session)
+            added.append(session.id)
+        sessions = self.hold(added)
         self._evict_beyond_bound()
         return sessions
+
+    def hold(self, session_ids: list[int]) -> list[Session]:
+        """Sessions already here that are to be read again (after a restart, a handover not
+        finished): held as adopted ones are, until ``adopted``."""
+        taken = asyncio.Event()
+        held = []
+        for session_id in session_ids:
+            session = self._by_id.get(session_id)
+            if session is not None:
+                session.mailbox.hold()
+                self._adopting[session.runtime_url] = taken
+                held.append(session)
+        return held
 
     async def hand_over(
         self, runtime_url: str, at_removal: Callable[[], Any]
@@ -234,7 +245,13 @@ class SessionRegistry:
         here (if any) is closed as replaced, what is kept for the runtime is stored, and the
         session leaves this process without being released (its routes stay the domain's).
         ``at_removal`` is called the moment nothing is delivered to it here any more; its
-        result comes back with the session. None when this process does not hold it."""
+        result comes back with the session. None when this process does not hold it.
+
+        A session this process is still taking (reading the rooms again for it) is handed on
+        once that is done: what was read again must leave with it."""
+        taken = self._adopting.get(runtime_url)
+        if taken is not None:
+            await taken.wait()
         async with self._serial.line(runtime_url):
             session = self._by_runtime.get(runtime_url)
             if session is None:
