@@ -327,10 +327,14 @@ def _to(raw: Any) -> tuple[str, ...]:
 # What a sender entry may hold: an origin is a session key and a stub instance (or the node's
 # own), the rest are addresses and Matrix ids.
 _ORIGIN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# In a domain's own lanes only: what a peer domain's runtime sent, which the federation process
+# relays to the domain's lanes numbered in the peer's namespace (routing/peer_traffic.py
+# ``peer_origin``; at most 128 characters, as the sender marks keep them).
+_RELAYED_ORIGIN = re.compile(r"[A-Za-z0-9._-]{1,64}|peer:[A-Za-z0-9.:_-]{1,123}")
 MAX_SENDER_FIELD = 1024
 
 
-def _senders(raw: Any) -> list[Sender]:
+def _senders(raw: Any, relayed: bool) -> list[Sender]:
     if not isinstance(raw, list):
         raise CarrierError("a lane batch without its sender table")
     senders = []
@@ -339,7 +343,7 @@ def _senders(raw: Any) -> list[Sender]:
             isinstance(entry, list)
             and len(entry) in (3, 4)
             and all(isinstance(e, str) and len(e) <= MAX_SENDER_FIELD for e in entry)
-            and _ORIGIN.fullmatch(entry[0])
+            and (_RELAYED_ORIGIN if relayed else _ORIGIN).fullmatch(entry[0])
         ):
             raise CarrierError(
                 "a sender entry must be [origin, runtime, user(, identity)]: an origin of 1-64 "
@@ -361,15 +365,17 @@ def _sender(senders: list[Sender], index: Any) -> Sender:
     return senders[index]
 
 
-async def decode_batch(content: Any, fetch: MediaFetcher) -> list[Routed]:
+async def decode_batch(content: Any, fetch: MediaFetcher, relayed: bool = False) -> list[Routed]:
     """The messages of a lane batch event, in order. Raises CarrierError for content that is not
-    ours or is damaged; lets a failure of ``fetch`` (the homeserver) through."""
+    ours or is damaged; lets a failure of ``fetch`` (the homeserver) through. ``relayed``: the
+    event is one of this domain's lanes, which may carry peers' messages relayed to it (never
+    for a peer's event: a peer numbers only its own runtimes' messages)."""
     if not isinstance(content, dict) or content.get("v") != LANE_FORMAT:
         raise CarrierError("not a lane batch (format 2)")
     inline = content.get("messages")
     found: list[Routed] = []
     if isinstance(inline, list):
-        senders = _senders(content.get("senders"))
+        senders = _senders(content.get("senders"), relayed)
         for item in inline:
             if not (isinstance(item, list) and len(item) == 4 and isinstance(item[3], str)):
                 raise CarrierError("a message must be [sender, oseq, to, text]")
@@ -383,7 +389,7 @@ async def decode_batch(content: Any, fetch: MediaFetcher) -> list[Routed]:
         encoding, blob = await _media(content, fetch)
         if encoding != FRAMES:
             raise CarrierError(f"unknown media encoding {encoding!r}")
-    senders, frames = _sender_table(blob)
+    senders, frames = _sender_table(blob, relayed)
     for (sender, oseq), to, text in _unframe(frames, 4):
         found.append(Routed(text, _to(to), _sender(senders, sender), _oseq(oseq)))
     return found
@@ -428,7 +434,7 @@ def _unpack(packed: str) -> bytes:
     return blob
 
 
-def _sender_table(blob: bytes) -> tuple[list[Sender], bytes]:
+def _sender_table(blob: bytes, relayed: bool) -> tuple[list[Sender], bytes]:
     """A lane batch's media: ``<length>\\n<sender table JSON>`` then the frames."""
     try:
         line_end = blob.index(b"\n")
@@ -437,7 +443,7 @@ def _sender_table(blob: bytes) -> tuple[list[Sender], bytes]:
         table = orjson.loads(blob[start : start + length])
     except (ValueError, orjson.JSONDecodeError) as exc:
         raise CarrierError(f"media without a readable sender table: {exc}") from None
-    return _senders(table), blob[start + length :]
+    return _senders(table, relayed), blob[start + length :]
 
 
 async def decode_legacy_batch(content: Any, fetch: MediaFetcher) -> list[Any]:

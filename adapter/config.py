@@ -392,8 +392,12 @@ class ClusterConfig(_Strict):
     heartbeat_seconds: float = Field(default=2.0, gt=0, le=60)
     # ... and how long without it before the others take it for gone.
     gone_after_seconds: float = Field(default=10.0, gt=0, le=600)
+    # The one process that exchanges traffic with peer domains when the domain federates (a
+    # room to a peer has one writer). The homeserver's push must reach it: the registration's
+    # url names its appservice port. The others' messages to peers reach it through their lanes.
+    federation_process: str | None = None
 
-    @field_validator("process")
+    @field_validator("process", "federation_process")
     @classmethod
     def _name(cls, value: str | None) -> str | None:
         if value is not None and not _PROCESS_NAME_RE.match(value):
@@ -409,6 +413,11 @@ class ClusterConfig(_Strict):
     @property
     def enabled(self) -> bool:
         return self.process is not None
+
+    @property
+    def federates_here(self) -> bool:
+        """Whether this process writes the rooms to peer domains (when the domain federates)."""
+        return self.process is None or self.process == self.federation_process
 
 
 class CollectorConfig(_Strict):
@@ -471,10 +480,11 @@ class NodeConfig(_Strict):
             raise ValueError(
                 "cluster.process needs database.url on PostgreSQL: the processes share it"
             )
-        if self.federation.enabled:
+        if self.federation.enabled and self.cluster.federation_process is None:
             raise ValueError(
-                "cluster.process cannot be combined with federation.peers yet: a room to a "
-                "peer domain has one writer"
+                "cluster.process with federation.peers needs cluster.federation_process: the "
+                "one process that writes the rooms to peer domains (a room has one writer) and "
+                "that the homeserver's push reaches"
             )
         return self
 

@@ -58,6 +58,7 @@ from .ops.worker import DashboardWorker
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
+from .routing.abroad import Abroad, DirectLinks, Onward, ThroughLanes
 from .routing.bounce import Bounce
 from .routing.delivery import Delivery
 from .routing.federation import Federation
@@ -65,7 +66,8 @@ from .routing.inbound import InboundEvents
 from .routing.ingress import Ingress, ServiceDirectory
 from .routing.journal import Journal
 from .routing.lanes import Lane, Lanes, Outboxes
-from .routing.peer_traffic import PeerFeeds
+from .routing.peer_requests import SubscriptionsThroughLanes
+from .routing.peer_traffic import PeerFeeds, PeersPushedElsewhere
 from .routing.peers import Peers
 from .routing.policy import PolicyEngine
 from .routing.publisher import Publisher, node_origin
@@ -225,35 +227,55 @@ class Node:
         # The message walk: journal, delivery, lanes (the outbound seam), ingress.
         self._traffic = Traffic()
         self.journal = Journal(self._journal_stream() if cfg.routing.journal else None)
-        self.delivery = Delivery(
-            self.table, self.sessions, self.journal, self.metrics, {}, cfg.quotas.waiting_bytes
-        )
         self._bounce = Bounce(self.sessions, self.journal)
+        # Other reTHINK domains, through Matrix federation (none unless configured). Of a
+        # domain on several processes, one writes the rooms to peers (routing/abroad.py).
+        self.peers: Peers | None = None
+        self.federation: Federation | None = None
+        if cfg.federation.enabled:
+            self.peers = Peers(cfg.federation, cfg.domain, self._http)
+            if cfg.cluster.federates_here:
+                self.federation = Federation(
+                    self.peers,
+                    self.rooms,
+                    self.api.bot,
+                    self.metrics,
+                    self._stream_limits(),
+                    self._traffic,
+                    self._bounce.refused,
+                    cfg.federation.flow_window_events,
+                    cfg.federation.flow_max_hold_seconds,
+                )
+        # Peers reached through the lanes: every process's messages for them, sent on here.
+        through_lanes = self.peers is not None and cfg.cluster.enabled
+        self.delivery = Delivery(
+            self.table,
+            self.sessions,
+            self.journal,
+            self.metrics,
+            {},
+            cfg.quotas.waiting_bytes,
+            self.peers.remote_domain if self.peers is not None else None,
+            Onward(self.federation, self.table, self.metrics)
+            if through_lanes and self.federation is not None
+            else None,
+        )
         self.lanes: Lanes | None = None
         if outboxes is None:
             self.lanes = self._build_lanes()
             self.outboxes: Outboxes = self.lanes
         else:
             self.outboxes = outboxes(self.delivery)
-        # Other reTHINK domains, through Matrix federation (none unless configured).
-        self.federation: Federation | None = None
-        if cfg.federation.enabled:
-            self.federation = Federation(
-                Peers(cfg.federation, cfg.domain, self._http),
-                self.rooms,
-                self.api.bot,
-                self.metrics,
-                self._stream_limits(),
-                self._traffic,
-                self._bounce.refused,
-                cfg.federation.flow_window_events,
-                cfg.federation.flow_max_hold_seconds,
-            )
+        self._abroad: Abroad | None = None
+        if through_lanes and self.peers is not None:
+            self._abroad = ThroughLanes(self.peers)
+        elif self.federation is not None:
+            self._abroad = DirectLinks(self.federation)
         self.publisher = Publisher(
             self.outboxes,
             Sender(node_origin(process), domain_registry_address(cfg.domain), self.api.bot.user_id),
             self.table,
-            self.federation,
+            None if through_lanes else self.federation,
         )
         # The domain registry, answered from the node's database unless one is configured.
         self.registry: BuiltinRegistry | None = build_builtin_registry(
@@ -266,8 +288,24 @@ class Node:
         )
         self.peer_feeds: PeerFeeds | None = None
         self._remote_subscriptions = RemoteSubscriptionStore(self.db)
+        # What the subscription manager asks of peers, and tells them when a runtime leaves.
+        self._peer_subscriptions: SubscriptionsThroughLanes | PeerFeeds | None = None
+        # The node's own messages to peers that do not go through its lanes (answers, its
+        # requests): numbered apart from those that do, so each numbering keeps its order.
+        self._to_peers: Publisher | None = None
         if self.federation is not None:
-            self.peer_feeds = PeerFeeds(
+            to_peers = self.publisher
+            if through_lanes:
+                to_peers = self._to_peers = Publisher(
+                    self.outboxes,
+                    Sender(
+                        f"{node_origin(process)}-peers",
+                        domain_registry_address(cfg.domain),
+                        self.api.bot.user_id,
+                    ),
+                    self.table,
+                )
+            self._peer_subscriptions = self.peer_feeds = PeerFeeds(
                 cfg.domain,
                 self.federation,
                 self.rooms,
@@ -277,15 +315,23 @@ class Node:
                 self.table,
                 self._remote_subscriptions,
                 self.policy,
-                self.publisher,
+                to_peers,
                 self._connectors[0],
                 self.metrics,
+                self.outboxes.for_node() if through_lanes else None,
             )
+        elif self.peers is not None:
+            self._peer_subscriptions = SubscriptionsThroughLanes(
+                cfg.domain, self.peers, self.publisher
+            )
+        if self._peer_subscriptions is not None:
             # Before the table forgets them: the runtime's subscriptions in other domains end.
-            peer_feeds = self.peer_feeds
+            peer_subscriptions = self._peer_subscriptions
             lifecycle.released.insert(
                 0,
-                lambda s: peer_feeds.runtime_left(s.runtime_url, self.table.subscriptions_of(s.id)),
+                lambda s: peer_subscriptions.runtime_left(
+                    s.runtime_url, self.table.subscriptions_of(s.id)
+                ),
             )
         # The domain's other node processes, when it runs several: their lanes are read here,
         # and what they change in the routing state reaches this process's table.
@@ -335,7 +381,7 @@ class Node:
             cfg.quotas,
             self._waiting_bytes,
             cfg.routing.backpressure_seconds,
-            self.federation,
+            self._abroad,
             self._shared_routes.caught_up if self._shared_routes is not None else None,
         )
         self.inbound = InboundEvents(self.metrics)
@@ -344,6 +390,11 @@ class Node:
             self.inbound.subscribe(carrier.BATCH_EVENT, self.peer_feeds.on_batch_events)
         if self.federation is not None:
             self.inbound.subscribe_ephemeral("m.receipt", self.federation.on_receipts)
+        elif self.peers is not None:
+            assert cfg.cluster.federation_process is not None
+            elsewhere = PeersPushedElsewhere(self.peers, cfg.cluster.federation_process)
+            self.inbound.subscribe("m.room.member", elsewhere)
+            self.inbound.subscribe(carrier.BATCH_EVENT, elsewhere)
         self.stub_endpoint = StubEndpoint(
             cfg.stub,
             cfg.domain,
@@ -444,7 +495,9 @@ class Node:
                 self.routes,
                 cfg.quotas.subscriptions,
                 on_quota,
-                self.peer_feeds.subscription_changed if self.peer_feeds is not None else None,
+                self._peer_subscriptions.subscription_changed
+                if self._peer_subscriptions is not None
+                else None,
                 lambda r, address: self.policy.check_subscription(
                     r.runtime_url, r.identity, address
                 ),
@@ -456,9 +509,7 @@ class Node:
         return services
 
     def _is_foreign(self, address: str) -> bool:
-        return (
-            self.federation is not None and self.federation.peers.remote_domain(address) is not None
-        )
+        return self.peers is not None and self.peers.remote_domain(address) is not None
 
     def _quota_refused(self, quota: str) -> None:
         self.metrics.quota_refusals.labels(quota).inc()
@@ -629,6 +680,8 @@ class Node:
         )
         epoch = await self._checkpoints.next_start()
         self.publisher.begin(epoch)
+        if self._to_peers is not None:
+            self._to_peers.begin(epoch)
         marks = await self._checkpoints.marks()
         self.settlement.restore(marks)
         self.delivery.marks.update(marks)

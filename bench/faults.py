@@ -42,7 +42,10 @@ node-process-sigkill (the process holding the most runtimes killed, kept down un
 has taken its sessions over, then started again); node-process-moves (every stub connection cut
 twice, as network: each stub comes back to whichever process it reaches, and its session moves
 there); node-process-moves-3 (the same on three processes, where a sender's receiver may be
-held by neither the process it left nor the one it reached).
+held by neither the process it left nor the one it reached); federation-process-sigkill (across
+domains: the receivers are the second domain's, and p1, the federation process, which sends on
+to the peer what both processes' lanes carry for it, is killed, kept down until p2 has taken its
+sessions over, then started again).
 
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
@@ -78,6 +81,7 @@ from typing import Any
 
 import psycopg
 import uvloop
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -109,6 +113,7 @@ from fault_stack import (  # noqa: E402
 
 from adapter.localstack.federation import server_name_for  # noqa: E402
 from adapter.localstack.synapse import ensure_synapse_installed, free_port  # noqa: E402
+from adapter.private_files import dump_private_yaml  # noqa: E402
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -130,12 +135,27 @@ SCENARIOS = (
     "node-process-sigkill",
     "node-process-moves",
     "node-process-moves-3",
+    "federation-process-sigkill",
 )
 # Scenarios for a homeserver in worker mode only (--homeserver-workers).
 WORKER_SCENARIOS = frozenset({"persister-sigkill"})
 # Scenarios for a domain on two node processes, which share a PostgreSQL database.
 CLUSTER_SCENARIOS = frozenset(
-    {"node-process-sigkill", "node-process-moves", "node-process-moves-3"}
+    {
+        "node-process-sigkill",
+        "node-process-moves",
+        "node-process-moves-3",
+        "federation-process-sigkill",
+    }
+)
+# Scenarios across domains: a second domain, whose runtimes are the receivers.
+ACROSS_SCENARIOS = frozenset(
+    {
+        "peer-synapse-sigkill",
+        "peer-node-sigkill",
+        "peer-link-blackhole",
+        "federation-process-sigkill",
+    }
 )
 # The two processes' heartbeat, and how long one is silent before the other takes it for gone.
 CLUSTER = {"heartbeat_seconds": 0.5, "gone_after_seconds": 2.0}
@@ -544,7 +564,7 @@ async def start_stack(
     as_port, stub_port = free_port(), free_port()
     links: tuple[Proxy, Proxy] | None = None
     server_name: dict[str, str] = {}
-    if scenario.startswith("peer-"):
+    if scenario in ACROSS_SCENARIOS:
         links = (Proxy(free_port()), Proxy(free_port()))
         for link in links:
             await link.start()  # its address is the homeserver's server name
@@ -559,10 +579,17 @@ async def start_stack(
     )
     hs_proxy = HomeserverProxy(homeserver.url) if scenario == "synapse-errors" else None
     stack = Stack(work, homeserver, node, proxy, db, hs_proxy)
+    # Across domains, the homeserver's push must reach the federation process (p1) alone: the
+    # others listen for the appservice API on a port of their own, in a configuration of their
+    # own.
+    sibling_as_port = free_port() if cluster and links is not None else as_port
+    sibling_config = work / ("node-siblings.yaml" if sibling_as_port != as_port else "node.yaml")
     if cluster:
-        # The same ports (SO_REUSEPORT): the proxy's connections reach any of the processes.
+        # The same stub port (SO_REUSEPORT): the proxy's connections reach any of the processes.
         stack.siblings = [
-            NodeProcess(work / "node.yaml", work / f"node-p{i}.log", as_port, stub_port, f"p{i}")
+            NodeProcess(
+                sibling_config, work / f"node-p{i}.log", sibling_as_port, stub_port, f"p{i}"
+            )
             for i in range(2, processes + 1)
         ]
     try:
@@ -574,6 +601,9 @@ async def start_stack(
         db_url = await db.create()
         await homeserver.prepare_database()
         hs_url = await hs_proxy.start() if hs_proxy is not None else homeserver.url
+        cluster_settings = None
+        if cluster:
+            cluster_settings = {**CLUSTER, **({"federation_process": "p1"} if peers else {})}
         write_node_config(
             node.config,
             hs_url,
@@ -586,8 +616,12 @@ async def start_stack(
             persisters=workers,
             # One lane, on the first persister: every message meets the persister fault.
             lanes=1 if scenario == "persister-sigkill" else None,
-            cluster=CLUSTER if cluster else None,
+            cluster=cluster_settings,
         )
+        if sibling_config != node.config:
+            settings = yaml.safe_load(node.config.read_text())
+            settings["appservice"]["listen"]["port"] = sibling_as_port
+            dump_private_yaml(settings, sibling_config)
         starting = [homeserver.start(), node.migrate()]
         if stack.peer is not None:
             starting.append(stack.peer.prepare(DOMAIN, homeserver.settings.server_name))
@@ -1085,6 +1119,10 @@ def scenario_setup(
         # taken its sessions over (the runtimes come back through the proxy to it meanwhile),
         # then started again as `up --nodes` would.
         return cluster_pairs, restart("node-process", signal.SIGKILL, plan.process_down_s)
+    if name == "federation-process-sigkill":
+        # p1 writes the rooms to the peer: what either process's runtimes sent it and p1 had
+        # not sent on yet waits in the lanes for p1 to come back and read them again.
+        return cluster_pairs, restart("node", signal.SIGKILL, plan.process_down_s)
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {

@@ -122,7 +122,9 @@ class SiblingLanes:
             return
         await self._read_before(carrier.read_after(event.get("content")))
         try:
-            routed = await carrier.decode_batch(event.get("content"), self._bot.download)
+            routed = await carrier.decode_batch(
+                event.get("content"), self._bot.download, relayed=True
+            )
         except carrier.CarrierError as exc:
             log.warning("unreadable lane event of another process skipped", error=str(exc))
             self._metrics.matrix_events_in.labels("undecodable").inc()

@@ -369,7 +369,9 @@ class TakeOver:
         # Each lane in its own order, the lanes interleaved in the homeserver's.
         for event in heapq.merge(*rooms, key=lambda e: e.get("origin_server_ts", 0)):
             try:
-                routed = await carrier.decode_batch(event.get("content"), self._bot.download)
+                routed = await carrier.decode_batch(
+                    event.get("content"), self._bot.download, relayed=True
+                )
             except carrier.CarrierError as exc:
                 log.warning("unreadable lane event skipped", error=str(exc))
                 continue

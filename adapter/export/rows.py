@@ -198,7 +198,7 @@ async def _routed(content: Any, fetch: MediaFetcher) -> list[tuple[Any, str | No
         return [(text, runtime if isinstance(runtime, str) else None, None) for text in texts]
     return [
         (r.text, r.sender.runtime, r.sender.identity)
-        for r in await carrier.decode_batch(content, fetch)
+        for r in await carrier.decode_batch(content, fetch, relayed=True)
     ]
 
 

@@ -11,7 +11,7 @@ how many runtimes each message reached go to the journal.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ..carrier import Routed
 from ..envelope import InvalidMessage, answer, control_error, parse
@@ -23,6 +23,9 @@ from ..sessions.session import Session
 from .journal import Journal
 from .settlement import Ticket
 
+# Sends a delivered message on to the peer domains it is for (routing/abroad.py ``Onward``).
+SendOn = Callable[[Routed, Ticket | None], Awaitable[None]]
+
 
 class Delivery:
     def __init__(
@@ -33,6 +36,8 @@ class Delivery:
         metrics: NodeMetrics,
         marks: dict[str, int],
         waiting_limit: int = 64 * 1024 * 1024,
+        foreign: Callable[[str], str | None] | None = None,
+        send_on: SendOn | None = None,
     ) -> None:
         self._table = table
         self._sessions = sessions
@@ -46,6 +51,11 @@ class Delivery:
         # marks at start, then kept up to date here).
         self.marks = marks
         self._waiting_limit = waiting_limit
+        # The peer domain of an address of another domain (None: this node routes inside its
+        # domain): a message for one that has no destination here is not a lost one.
+        self._foreign = foreign
+        # The federation process of a domain on several sends on what its lanes carry for peers.
+        self._send_on = send_on
 
     def routed_through(self, origin: str) -> int:
         return self.marks.get(origin, 0)
@@ -79,6 +89,8 @@ class Delivery:
             # Marked once handed to its mailboxes: an event delivered again after a failure
             # here skips what was handed on before it, and no more.
             delivered.append(await self._deliver_one(routed, ticket))
+            if self._send_on is not None:
+                await self._send_on(routed, ticket)
             marks[origin] = routed.oseq
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq
@@ -89,6 +101,10 @@ class Delivery:
         self._events_delivered.inc()
         if arrived is not None:
             self._metrics.route_seconds.observe(time.monotonic() - arrived)
+
+    def _abroad(self, to: tuple[str, ...]) -> bool:
+        foreign = self._foreign
+        return foreign is not None and any(foreign(address) is not None for address in to)
 
     async def _gone(self, sender: Session, text: str, reason: str) -> None:
         """Its destination left between the sender's message being taken and its delivery (the
@@ -118,8 +134,9 @@ class Delivery:
         targets = destinations.sessions
         if not targets:
             self._metrics.messages_out.labels("no_destination").inc()
-            # Known with nobody to reach (a stream without subscribers) is no error.
-            if sender is not None and not destinations.known:
+            # Known with nobody to reach (a stream without subscribers) is no error, nor is a
+            # message for another domain (its lane carries it there: routing/abroad.py).
+            if sender is not None and not destinations.known and not self._abroad(routed.to):
                 await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
             return 0
         parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)

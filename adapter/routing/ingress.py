@@ -50,7 +50,7 @@ from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
 from ..sessions.upstream import Pending, Settles
 from ..storage.database import unavailable as database_unavailable
 from ..storage.routes import RouteStore
-from .federation import Federation
+from .abroad import Abroad, remote_domains
 from .journal import Journal
 from .lanes import Outbox, Outboxes, Outgoing
 from .peers import PeerRefused
@@ -124,7 +124,7 @@ class Ingress:
         quotas: QuotaConfig,
         waiting_bytes: Callable[[int], int],
         backpressure_timeout: float = 10.0,
-        federation: Federation | None = None,
+        abroad: Abroad | None = None,
         catch_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._table = table
@@ -143,8 +143,8 @@ class Ingress:
         # Bytes kept for a session that is away or slow (its mailbox).
         self._waiting_bytes = waiting_bytes
         self._backpressure_timeout = backpressure_timeout
-        # Links to other reTHINK domains' nodes (None: this node routes inside its domain).
-        self._federation = federation
+        # The way to other reTHINK domains' nodes (None: this node routes inside its domain).
+        self._abroad = abroad
 
     async def on_message(
         self,
@@ -271,16 +271,18 @@ class Ingress:
                 attachment, message, 404, f"no route to {' '.join(message.to)}", pending
             )
         outboxes: list[Outbox] = []
-        if destinations.sessions or not remote:
-            outboxes.append(self._outboxes.for_session(session))
         for domain in sorted(remote):
-            assert self._federation is not None  # there are remote domains only with it
+            assert self._abroad is not None  # there are remote domains only with it
             try:
-                outboxes.append(await self._federation.link(domain))
+                link = await self._abroad.outbox(domain)
             except PeerRefused as refused:
                 return await self._refuse(
                     attachment, message, refused.code, refused.reason, pending
                 )
+            if link is not None:
+                outboxes.append(link)
+        if destinations.sessions or not outboxes:
+            outboxes.insert(0, self._outboxes.for_session(session))
 
         for owner in destinations.owners:
             if self._waiting_bytes(owner) + len(raw) > self._quotas.waiting_bytes:
@@ -321,16 +323,10 @@ class Ingress:
     def _remote_domains(
         self, addresses: tuple[str, ...], subscribed: frozenset[str], session_id: int
     ) -> set[str]:
-        """The peer domains a message goes to: those of addresses this node has no route for
-        itself, and those subscribed to one of its addresses."""
-        if self._federation is None:
+        """The peer domains a message goes to (abroad.remote_domains)."""
+        if self._abroad is None:
             return set()
-        found = set(subscribed)
-        for address in addresses:
-            domain = self._federation.peers.remote_domain(address)
-            if domain is not None and not self._table.destinations((address,), session_id).known:
-                found.add(domain)
-        return found
+        return remote_domains(self._abroad.peers, self._table, addresses, session_id, subscribed)
 
     @staticmethod
     def _assert_identity(identity: Identity | None, message: Message) -> tuple[str, str | None]:

@@ -54,8 +54,14 @@ class Outgoing:
     # domains' links): how many of them are not persisted yet.
     parts: list[int] | None = None
     arrived: float = field(default_factory=time.monotonic)
+    # A delivered event whose settling waits for this copy to be durable (a message sent on to
+    # a peer domain, a peer's message relayed to the domain's lanes).
+    settles: Ticket | None = None
 
     def done(self) -> None:
+        if self.settles is not None:
+            self.settles.release()
+            self.settles = None
         if self.parts is not None:
             self.parts[0] -= 1
             if self.parts[0] > 0:

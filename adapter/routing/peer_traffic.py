@@ -29,10 +29,9 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 import structlog
 
 from appservice.api import MatrixError
@@ -58,21 +57,30 @@ from ..services.registry import domain_registry_address, is_service_address, nod
 from ..storage.remote import RemoteSubscriptionStore
 from .delivery import Delivery
 from .federation import Federation, event_number
+from .inbound import RetryTransaction
+from .lanes import Outbox, Outgoing
 from .peer_feed import PeerFeed
-from .peers import Peer, PeerRefused
+from .peer_requests import (
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    by_domain,
+    subscription_manager,
+    subscription_request,
+)
+from .peers import Peer, PeerRefused, Peers
 from .policy import PolicyEngine
 from .publisher import Publisher
 from .rooms import RoomDirectory
-from .settlement import Settlement
+from .settlement import Settlement, Ticket
 
 log = structlog.get_logger(__name__)
 
-# A peer's node asks to be sent what is published to these addresses, or not any more.
-SUBSCRIBE, UNSUBSCRIBE = "subscribe", "unsubscribe"
 # How long a subscription to another domain's address waits for that domain's node to confirm
 # it before the runtime is answered anyway (below the runtime's own 15 s request timeout).
 SUBSCRIPTION_CONFIRM_SECONDS = 5.0
 MAX_PEER_RUNTIME_BYTES = 512
+# How long relaying a peer's message waits for room in the lane before it pushes anyway.
+RELAY_ROOM_SECONDS = 30.0
 # The sender marks' key holds at most this many characters (storage/models.py SenderMark).
 MAX_ORIGIN = 128
 
@@ -102,6 +110,7 @@ class PeerFeeds:
         publisher: Publisher,
         registry: MnService,
         metrics: NodeMetrics,
+        relay: Outbox | None = None,
     ) -> None:
         self._local = local_domain
         self._federation = federation
@@ -115,7 +124,12 @@ class PeerFeeds:
         self._publisher = publisher
         self._registry = registry
         self._metrics = metrics
-        self._sm = f"domain://msg-node.{local_domain}/sm"
+        # A domain on several processes: what peers send goes to this process's lane, read by
+        # every process, which delivers it to the runtimes it holds (None: delivered here).
+        self._relay = relay
+        # Per peer origin, the highest number relayed (restored from the delivery marks).
+        self._relayed: dict[str, int] = {}
+        self._sm = subscription_manager(local_domain)
         self._registry_address = domain_registry_address(local_domain)
         self._is_node_address = node_addresses(local_domain)
         self._feeds: dict[str, PeerFeed] = {}
@@ -249,7 +263,39 @@ class PeerFeeds:
                     message.sender, origin=peer_origin(peer.domain, message.sender.origin)
                 )
             routed[i] = dataclasses.replace(message, sender=own)
-        await self._delivery.deliver(routed, ticket, admit=functools.partial(self._admit, peer))
+        admit = functools.partial(self._admit, peer)
+        if self._relay is None:
+            await self._delivery.deliver(routed, ticket, admit=admit)
+        else:
+            await self._relay_event(self._relay, routed, ticket, admit)
+
+    async def _relay_event(
+        self,
+        relay: Outbox,
+        routed: list[Routed],
+        ticket: Ticket,
+        admit: Callable[[Routed], Routed | None],
+    ) -> None:
+        """A peer's event on a domain of several processes: each new message the node admits
+        goes to this process's lane, judged here once. The event settles once that lane holds
+        all of them (its room is read again from before it after a stop)."""
+        relayed = self._relayed
+        for message in routed:
+            origin = message.sender.origin
+            through = relayed.get(origin) or self._delivery.routed_through(origin)
+            if message.oseq <= through:
+                self._metrics.duplicates.labels("delivery").inc()
+                continue
+            admitted = admit(message)
+            if admitted is None:
+                continue
+            relayed[origin] = message.oseq
+            size = len(admitted.text)
+            if not relay.has_room_for(size):
+                await relay.wait_for_room(size, RELAY_ROOM_SECONDS)
+            ticket.hold()
+            relay.push(Outgoing(admitted, 0, settles=ticket))
+        ticket.sealed = True
 
     def _admit(self, peer: Peer, routed: Routed) -> Routed | None:
         """The message as it is delivered here, or None: the node answers or acts on it
@@ -400,16 +446,7 @@ class PeerFeeds:
         self, domain: str, kind: str, body: dict[str, Any]
     ) -> tuple[str, str]:
         request_id = f"sub-{self._publisher.next_id()}"
-        text = orjson.dumps(
-            {
-                "id": request_id,
-                "type": kind,
-                "from": self._sm,
-                "to": f"domain://msg-node.{domain}/sm",
-                "body": body,
-            }
-        ).decode()
-        return request_id, text
+        return request_id, subscription_request(request_id, self._local, domain, kind, body)
 
     async def subscription_changed(
         self, kind: str, addresses: list[str], runtime: str
@@ -418,13 +455,8 @@ class PeerFeeds:
         nodes are asked to send what is published there once to this domain. Returns why a
         peer refused a subscription, or None (also when a peer did not answer in time: the
         request is durable here and takes effect once it is back)."""
-        by_domain: dict[str, list[str]] = {}
-        for address in addresses:
-            domain = self._federation.peers.remote_domain(address)
-            if domain is not None:
-                by_domain.setdefault(domain, []).append(address)
         waiting: list[tuple[str, str, asyncio.Future[Any]]] = []
-        for domain, resources in by_domain.items():
+        for domain, resources in by_domain(self._federation.peers, addresses).items():
             request_id, text = self._subscription_request(
                 domain, kind, {"resources": resources, "source": runtime}
             )
@@ -432,7 +464,7 @@ class PeerFeeds:
                 waiter = asyncio.get_running_loop().create_future()
                 self._confirmations[request_id] = waiter
                 waiting.append((domain, request_id, waiter))
-            await self.send_as_node(domain, text, (f"domain://msg-node.{domain}/sm",))
+            await self.send_as_node(domain, text, (subscription_manager(domain),))
         refusal: str | None = None
         for domain, request_id, waiter in waiting:
             try:
@@ -450,11 +482,9 @@ class PeerFeeds:
 
     def runtime_left(self, runtime: str, subscriptions: set[str]) -> None:
         """A runtime of this node is gone: its subscriptions in other domains end too."""
-        domains = {self._federation.peers.remote_domain(a) for a in subscriptions} - {None}
-        for domain in domains:
-            assert domain is not None
+        for domain in by_domain(self._federation.peers, sorted(subscriptions)):
             _id, text = self._subscription_request(domain, UNSUBSCRIBE, {"source": runtime})
-            self._spawn(self.send_as_node(domain, text, (f"domain://msg-node.{domain}/sm",)))
+            self._spawn(self.send_as_node(domain, text, (subscription_manager(domain),)))
 
     async def close(self) -> None:
         for feed in self._feeds.values():
@@ -463,3 +493,24 @@ class PeerFeeds:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class PeersPushedElsewhere:
+    """A process of a domain on several that is not its federation process takes no peer's
+    events: only that process follows the peers' rooms. Should the homeserver push them here
+    (its registration names the wrong process), the transaction fails, so the homeserver keeps
+    it and nothing is lost, and the error says what to fix."""
+
+    def __init__(self, peers: Peers, federation_process: str) -> None:
+        self._peers = peers
+        self._federation_process = federation_process
+
+    async def __call__(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if self._peers.by_bot(str(event.get("sender"))) is not None:
+                log.error(
+                    "a peer's event was pushed to a process that does not federate: the "
+                    "appservice registration's url must reach cluster.federation_process",
+                    federation_process=self._federation_process,
+                )
+                raise RetryTransaction("peer events go to the federation process")

@@ -62,6 +62,10 @@ class Publisher:
         """``text`` numbered as the node's own message, ready for an outbox."""
         return Outgoing(self._numbered(text, to), 0)
 
+    def send(self, text: str, to: tuple[str, ...]) -> None:
+        """``text`` as the node's own message, through its lane."""
+        self._outboxes.for_node().push(self.outgoing(text, to))
+
     async def publish(self, from_: str, to: str, body: dict[str, Any]) -> None:
         text = dumps(
             {"id": f"mn-{self.next_id()}", "type": "update", "from": from_, "to": to, "body": body}

@@ -90,7 +90,7 @@ class LaneRecovery:
         if not isinstance(event_id, str):
             return False
         try:
-            routed = await carrier.decode_batch(event.get("content"), self._fetch)
+            routed = await carrier.decode_batch(event.get("content"), self._fetch, relayed=True)
         except carrier.CarrierError as exc:
             log.warning("unreadable lane event skipped", event_id=event_id, error=str(exc))
             return False

@@ -261,3 +261,18 @@ def test_the_rooms_a_lane_event_names_to_read_first_are_checked() -> None:
         assert carrier.read_after(content) == {}
     many = {f"!r{i}:hs": 1 for i in range(carrier.MAX_AFTER + 10)}
     assert len(carrier.read_after({"after": many})) == carrier.MAX_AFTER
+
+
+async def test_a_peers_numbering_is_read_only_from_the_domains_own_lanes() -> None:
+    """The federation process relays a peer's messages to the domain's lanes numbered in the
+    peer's namespace; a peer's own event may not claim one."""
+    relayed = Sender("peer:b.example:k9.stubB", "runtime://b.example/bob", "@_rethink_b:hs")
+    item = message(1, sender=relayed)
+    content = orjson.loads(LaneEncoder().encode({"lane": 0, "n": 1}, [item]).inline or b"")
+    assert await carrier.decode_batch(content, no_media, relayed=True) == [item.routed]
+    with pytest.raises(CarrierError, match="origin"):
+        await carrier.decode_batch(content, no_media)
+    for origin in ("peer:" + "x" * 124, "peer:", "peer:b/c:o", "xpeer:b:o"):
+        content["senders"] = [[origin, "runtime://b/r", "@u:hs"]]
+        with pytest.raises(CarrierError, match="origin"):
+            await carrier.decode_batch(content, no_media, relayed=True)

@@ -130,3 +130,22 @@ def test_builtin_registry_settings_are_checked() -> None:
     assert "registry.builtin.rest_api" in msg
     msg = error_of({**minimal(), "registry": {"builtin": {"disconnected_grace_seconds": -1}}})
     assert "registry.builtin.disconnected_grace_seconds" in msg
+
+
+def test_a_domain_on_several_processes_federates_through_one_named_process() -> None:
+    cluster = {
+        **minimal(),
+        "database": {"url": "postgresql://127.0.0.1/x"},
+        "domain": "a.example",
+        "federation": {"peers": {"b.example": {"server_name": "b.example"}}},
+    }
+    assert "cluster.federation_process" in error_of({**cluster, "cluster": {"process": "p2"}})
+    named = {"process": "p2", "federation_process": "p1"}
+    p2 = parse_config({**cluster, "cluster": named}, environ={})
+    assert not p2.cluster.federates_here
+    p1 = parse_config({**cluster, "cluster": {**named, "process": "p1"}}, environ={})
+    assert p1.cluster.federates_here
+    assert parse_config(minimal(), environ={}).cluster.federates_here  # the only process
+    assert "federation_process" in error_of(
+        {**cluster, "cluster": {**named, "federation_process": "P 1"}}
+    )
