@@ -345,7 +345,12 @@ class Node:
         if process is not None:
             assert self.rooms.lane_reader is not None
             self.siblings = SiblingLanes(
-                self.api.bot, self.rooms.lane_reader, self.delivery, self.settlement, self.metrics
+                self.api.bot,
+                self.rooms.lane_reader,
+                self.delivery,
+                self.settlement,
+                self.metrics,
+                self._own_lane_delivered,
             )
             self._processes = ProcessStore(self.db)
             self._shared_routes = SharedRoutes(
@@ -507,6 +512,14 @@ class Node:
         registry, global_registry, unknown = self._connectors
         services.set_connectors(registry, global_registry, IdmService(self._identity_of), unknown)
         return services
+
+    def _own_lane_delivered(self, room_id: str) -> int | None:
+        """The number of the last event of this process's lane ``room_id`` delivered, or None
+        when the room is not one of its lanes."""
+        for lane in self.lanes or ():
+            if lane.room_id == room_id:
+                return lane.delivered_number
+        return None
 
     def _is_foreign(self, address: str) -> bool:
         return self.peers is not None and self.peers.remote_domain(address) is not None

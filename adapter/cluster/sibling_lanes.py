@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -46,8 +47,12 @@ class SiblingLanes:
         delivery: Delivery,
         settlement: Settlement,
         metrics: NodeMetrics,
+        own_delivered: Callable[[str], int | None] = lambda _room: None,
     ) -> None:
         self._bot = bot
+        # The number of the last event of this process's own lane ``room`` delivered here
+        # (None for a room that is not one of its lanes).
+        self._own_delivered = own_delivered
         self._reader = reader
         self._delivery = delivery
         self._settlement = settlement
@@ -132,16 +137,32 @@ class SiblingLanes:
         await self._delivery.deliver(routed, self._settlement.ledger(room_id).open(event_id))
 
     async def _read_before(self, after: dict[str, int]) -> None:
-        """Hold this event until the rooms it names are read here up to its numbers: its writer
-        took runtimes from their writers, and a runtime's messages there must be delivered (and
-        its sender mark moved) before its later ones here, or they would be dropped as routed.
-        A room not read here is this process's own lane (delivered as it was sent) or one of a
-        process struck before this one started (nothing of it to wait for). A wait is bounded:
-        a lane that does not move stalls this one for ``AFTER_SECONDS`` at most."""
+        """Hold this event until the rooms it names are delivered here up to its numbers: its
+        writer took runtimes from their writers, and a runtime's messages there must be
+        delivered (and its sender mark moved, and, at the federation process, sent on to peers)
+        before its later ones here, or they would be dropped as routed. One of them may be this
+        process's own lane, whose events are delivered as they are sent, by a task of their
+        own. A room neither read nor written here is one of a process struck before this one
+        started (nothing of it to wait for). A wait is bounded: a lane that does not move
+        stalls this one for ``AFTER_SECONDS`` at most."""
         for room, n in after.items():
-            if room in self._feeds and self.handled_through(room) < n:
+            if room in self._feeds:
+                if self.handled_through(room) < n:
+                    self._metrics.lane_waits.inc()
+                    await self.catch_up(room, AFTER_SECONDS, n)
+                continue
+            own = self._own_delivered(room)
+            if own is not None and own < n:
                 self._metrics.lane_waits.inc()
-                await self.catch_up(room, AFTER_SECONDS, n)
+                await self._own_caught_up(room, n)
+
+    async def _own_caught_up(self, room: str, n: int) -> None:
+        try:
+            async with asyncio.timeout(AFTER_SECONDS):
+                while (self._own_delivered(room) or 0) < n:  # noqa: ASYNC110 - polled
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            log.warning("this process's own lane not delivered to the number named", room=room)
 
     def _filter(self) -> dict[str, Any]:
         nothing: dict[str, Any] = {"types": []}

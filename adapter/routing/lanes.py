@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -132,7 +132,10 @@ class Lane(StreamOutbox):
         # The last event whose delivery is complete (a session handed to another process is
         # read again from there).
         self.delivered_through: str | None = None
-        self._deliveries: deque[tuple[list[Outgoing], Ticket, float]] = deque()
+        # ... and its number: a reader of another process's lane that names this one waits
+        # for it (cluster/sibling_lanes.py), as it waits for the other lanes it names.
+        self.delivered_number = 0
+        self._deliveries: deque[tuple[list[Outgoing], Ticket, float, int]] = deque()
         # Rooms (other processes' lanes) that readers must have read up to these numbers
         # before this lane's next event: this process took sessions from their writers, and
         # what those runtimes send now must reach a third process after what they sent there.
@@ -205,7 +208,7 @@ class Lane(StreamOutbox):
             item.done()
         assert self.room_id is not None
         ticket = self._ledger_for(self.room_id).open(event_id)
-        self._deliveries.append((batch, ticket, batch[0].arrived))
+        self._deliveries.append((batch, ticket, batch[0].arrived, self._n))
         if self._delivering is None:
             self._idle.clear()
             self._delivering = asyncio.create_task(
@@ -216,9 +219,10 @@ class Lane(StreamOutbox):
         """Deliver events in the order they were sent, while the next one is being sent."""
         try:
             while self._deliveries:
-                batch, ticket, sent_at = self._deliveries.popleft()
+                batch, ticket, sent_at, n = self._deliveries.popleft()
                 await self._deliver_event([i.routed for i in batch], ticket, sent_at)
                 self.delivered_through = ticket.event_id
+                self.delivered_number = n
         finally:
             self._delivering = None
             self._idle.set()
@@ -247,7 +251,7 @@ class Lane(StreamOutbox):
         while True:
             try:
                 _intent, room_id = await self._send_target(False)
-                self._n = await recover(self, room_id)
+                self._n = self.delivered_number = await recover(self, room_id)
                 break
             except asyncio.CancelledError:
                 raise
@@ -286,7 +290,7 @@ class Lanes:
     def __init__(self, lanes: list[Lane]) -> None:
         self._lanes = lanes
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Lane]:
         return iter(self._lanes)
 
     def for_session(self, session: Session) -> Lane:
