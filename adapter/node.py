@@ -66,7 +66,7 @@ from .routing.inbound import InboundEvents
 from .routing.ingress import Ingress, ServiceDirectory
 from .routing.journal import Journal
 from .routing.lanes import Lane, Lanes, Outboxes
-from .routing.peer_requests import SubscriptionsThroughLanes
+from .routing.peer_requests import PeerSubscriptions, SubscriptionsThroughLanes
 from .routing.peer_traffic import PeerFeeds, PeersPushedElsewhere
 from .routing.peers import Peers
 from .routing.policy import PolicyEngine
@@ -289,7 +289,7 @@ class Node:
         self.peer_feeds: PeerFeeds | None = None
         self._remote_subscriptions = RemoteSubscriptionStore(self.db)
         # What the subscription manager asks of peers, and tells them when a runtime leaves.
-        self._peer_subscriptions: SubscriptionsThroughLanes | PeerFeeds | None = None
+        self._peer_subscriptions: PeerSubscriptions | None = None
         # The node's own messages to peers that do not go through its lanes (answers, its
         # requests): numbered apart from those that do, so each numbering keeps its order.
         self._to_peers: Publisher | None = None

@@ -5,6 +5,8 @@ several put the request in their lane, and the federation process sends it on (a
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import orjson
 
 from .peers import Peers
@@ -41,6 +43,20 @@ def by_domain(peers: Peers, addresses: list[str]) -> dict[str, list[str]]:
         if domain is not None:
             found.setdefault(domain, []).append(address)
     return found
+
+
+class PeerSubscriptions(Protocol):
+    """What the subscription manager tells peers (peer_traffic.py ``PeerFeeds``, or below)."""
+
+    async def subscription_changed(
+        self, kind: str, addresses: list[str], runtime: str
+    ) -> str | None:
+        """A runtime (un)subscribed to other domains' streams; why a peer refused, or None."""
+        ...
+
+    def runtime_left(self, runtime: str, subscriptions: set[str]) -> None:
+        """A runtime is gone: its subscriptions in other domains end too."""
+        ...
 
 
 class SubscriptionsThroughLanes:
