@@ -127,7 +127,7 @@ class PeerFeeds:
         # A domain on several processes: what peers send goes to this process's lane, read by
         # every process, which delivers it to the runtimes it holds (None: delivered here).
         self._relay = relay
-        # Per peer origin, the highest number relayed (restored from the delivery marks).
+        # Per peer origin, the highest number relayed and not yet delivered from the lane.
         self._relayed: dict[str, int] = {}
         self._sm = subscription_manager(local_domain)
         self._registry_address = domain_registry_address(local_domain)
@@ -282,7 +282,13 @@ class PeerFeeds:
         relayed = self._relayed
         for message in routed:
             origin = message.sender.origin
-            through = relayed.get(origin) or self._delivery.routed_through(origin)
+            delivered = self._delivery.routed_through(origin)
+            through = relayed.get(origin, 0)
+            if through <= delivered:
+                # Delivered from the lane since: the delivery's mark says it all (and this
+                # holds only origins with messages on their way).
+                relayed.pop(origin, None)
+                through = delivered
             if message.oseq <= through:
                 self._metrics.duplicates.labels("delivery").inc()
                 continue
