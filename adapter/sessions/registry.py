@@ -9,6 +9,7 @@ lifetime, releases it and everything it owned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections import OrderedDict
@@ -38,6 +39,9 @@ RELEASE_RETRY_SECONDS = 60.0
 # How long a connection waits for its session to be taken over from a node process that is
 # gone before it is sent to connect again.
 TAKE_OVER_WAIT_SECONDS = 30.0
+# How long a connection waits for a session this process's take-over has just made its own to
+# reach its memory (the transaction is committed; the sessions follow within moments).
+TAKEN_WAIT_SECONDS = 5.0
 
 # Takes the runtime's session (named second) from the node process holding it (named first):
 # all its sessions if it is gone, this one handed over if it is alive. Whether it did.
@@ -321,6 +325,9 @@ class SessionRegistry:
             return None
         holder, row = found
         if holder == self._process:
+            # This process took it a moment ago (a take-over committed, its sessions not yet
+            # in memory): the connection goes on once they are (attach waits for the rest).
+            await self._until_taken(runtime_url)
             return None
         # Only a connection that may have the session moves it: taking it over closes the
         # runtime's connection at its holder, which no one else may do to it.
@@ -334,6 +341,14 @@ class SessionRegistry:
         if self._take_over is not None and await self._take_over(holder, runtime_url):
             return None
         return holder
+
+    async def _until_taken(self, runtime_url: str) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TAKEN_WAIT_SECONDS):
+                while not (  # noqa: ASYNC110 - polled: a rare moment, no event to wait on
+                    runtime_url in self._by_runtime or runtime_url in self._adopting
+                ):
+                    await asyncio.sleep(0.02)
 
     def token_for(self, session: Session) -> str:
         return self._tokens.issue(session.id, session.runtime_url)
