@@ -428,10 +428,15 @@ class NodeProcess:
     async def wait_answering(self, timeout: float = 60) -> None:
         """Answering = the stub listener serves the stub (what runtimes need: it opens last,
         after the appservice listener and the database). Not /health: that also probes the
-        homeserver, which lags under load."""
+        homeserver, which lags under load. One of several processes shares the stub port with
+        the others, which would answer for it: its appservice listener's /metrics then (a
+        moment before its stub listener; a port of its own where the homeserver pushes to it
+        alone)."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.stub_port}/stub/protostub.js"
+        if self.process is not None:
+            url = f"http://127.0.0.1:{self.as_port}/metrics"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:

@@ -81,9 +81,9 @@ from typing import Any
 
 import psycopg
 import uvloop
-import yaml
 from rich.console import Console
 from rich.table import Table
+from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -471,6 +471,8 @@ class Stack:
             procs["persister1"] = SynapseWorker(self.homeserver, "persister1")
         if self.siblings:
             procs["node-process"] = await self._busiest_process()
+            # p1: with a peer domain, the federation process (only its runtimes' stubs notice).
+            procs["federation-process"] = self.node
         if self.peer is not None:
             procs |= {"peer-node": self.peer.node, "peer-synapse": self.peer.homeserver}
         proc = procs[target]
@@ -619,7 +621,7 @@ async def start_stack(
             cluster=cluster_settings,
         )
         if sibling_config != node.config:
-            settings = yaml.safe_load(node.config.read_text())
+            settings = YAML(typ="safe", pure=True).load(node.config.read_text())
             settings["appservice"]["listen"]["port"] = sibling_as_port
             dump_private_yaml(settings, sibling_config)
         starting = [homeserver.start(), node.migrate()]
@@ -1122,7 +1124,7 @@ def scenario_setup(
     if name == "federation-process-sigkill":
         # p1 writes the rooms to the peer: what either process's runtimes sent it and p1 had
         # not sent on yet waits in the lanes for p1 to come back and read them again.
-        return cluster_pairs, restart("node", signal.SIGKILL, plan.process_down_s)
+        return cluster_pairs, restart("federation-process", signal.SIGKILL, plan.process_down_s)
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {
