@@ -49,11 +49,11 @@ class Arm:
 
 
 FULL = (Arm(1000, 1.0, 120, 5, 30, False), Arm(1000, 1.0, 120, 5, 30, True))
-QUICK = (Arm(20, 2.0, 15, 2, 6, False), Arm(20, 2.0, 15, 2, 6, True))
+QUICK = (Arm(20, 2.0, 8, 1, 3, False), Arm(20, 2.0, 8, 1, 3, True))
 # Issue 23's soak: every runtime a new stub instance every 10 s, for 30 minutes; the node's
 # memory and tasks sampled every 30 s.
 SOAK = Arm(1000, 0.0, 1800, 10, 10, False, ("reload",))
-SOAK_QUICK = Arm(20, 0.0, 20, 2, 2, False, ("reload",))
+SOAK_QUICK = Arm(20, 0.0, 10, 1, 1, False, ("reload",))
 SAMPLE_EVERY_S = 30.0
 SOAK_WARMUP_S = 300.0  # RSS growth is measured from here on
 SOAK_RSS_GROWTH_LIMIT_MB = 50.0

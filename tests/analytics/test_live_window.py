@@ -23,7 +23,7 @@ from adapter.analytics.window import WRITTEN
 from adapter.ops.live_state import LiveState
 from tests.analytics.conftest import SPEC, AnalysedExport
 
-SLICES = 5
+SLICES = 3
 HEADLINE = ("rows_read", "events", "time_range", "responses", "latency", "delivery_latency")
 
 

@@ -37,13 +37,12 @@ from faults import CLUSTER_SCENARIOS, SCENARIOS, WORKER_SCENARIOS, verdict_ok  #
 
 RECOVERY_LIMIT_S = 5.0
 # Every scenario runs on SQLite; on PostgreSQL those where the node's database is what the
-# fault hits (the whole list on both: bench/faults.py --quick --database sqlite,postgresql).
-# With PostgreSQL also the domain on two node processes (CLUSTER_SCENARIOS).
+# fault hits: its checkpoints read back after a kill, and the database away (the whole list on
+# both: bench/faults.py --quick --database sqlite,postgresql). With PostgreSQL also the domain
+# on several node processes (CLUSTER_SCENARIOS).
 POSTGRESQL_SCENARIOS = (
-    "node-sigterm",
     "node-sigkill",
     "database-outage",
-    "monkey",
     *sorted(CLUSTER_SCENARIOS),
 )
 
