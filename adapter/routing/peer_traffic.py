@@ -55,6 +55,7 @@ from ..routing_table import RoutingTable
 from ..services.base import MnService, Requester, ServiceReply
 from ..services.registry import domain_registry_address, is_service_address, node_addresses
 from ..storage.remote import RemoteSubscriptionStore
+from .abroad import PEER_ORIGIN_PREFIX
 from .delivery import Delivery
 from .federation import Federation, event_number
 from .inbound import RetryTransaction
@@ -87,10 +88,10 @@ MAX_ORIGIN = 128
 
 def peer_origin(domain: str, origin: str) -> str:
     """Where a peer's sender numbering lives here: never a local session's origin."""
-    spelled = f"peer:{domain}:{origin}"
+    spelled = f"{PEER_ORIGIN_PREFIX}{domain}:{origin}"
     if len(spelled) <= MAX_ORIGIN:
         return spelled
-    return f"peer:{hashlib.sha256(domain.encode()).hexdigest()[:24]}:{origin}"
+    return f"{PEER_ORIGIN_PREFIX}{hashlib.sha256(domain.encode()).hexdigest()[:24]}:{origin}"
 
 
 class PeerFeeds:
