@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,17 +71,46 @@ def _live(
     return live.merge(output, since_ms, SPEC.top_n)
 
 
+@dataclass(frozen=True)
+class LiveRun:
+    since: int
+    root: Path  # its export (the slices) and live state
+    output: Path
+    merged: dict[str, Any]
+
+
+def _floor(ts: int) -> int:
+    return ts - ts % MINUTE_MS
+
+
+@pytest.fixture(scope="module")
+def whole_window(
+    spark: SparkSession, analysed: AnalysedExport, tmp_path_factory: pytest.TempPathFactory
+) -> LiveRun:
+    """The live path over the whole export, a slice at a time (two tests compare with it)."""
+    since = _floor(pc.min(_tables(analysed.export, "messages").column("ts")).as_py())
+    root = tmp_path_factory.mktemp("whole-window")
+    output = root / "live-out"
+    return LiveRun(since, root, output, _live(spark, analysed.export, root, since, output))
+
+
 @pytest.mark.parametrize("window", ["whole", "cut"])
 def test_slices_give_the_batch_jobs_aggregates(
-    spark: SparkSession, analysed: AnalysedExport, tmp_path: Path, window: str
+    spark: SparkSession,
+    analysed: AnalysedExport,
+    whole_window: LiveRun,
+    tmp_path: Path,
+    window: str,
 ) -> None:
-    ts = _tables(analysed.export, "messages").column("ts")
-    first, last = pc.min(ts).as_py(), pc.max(ts).as_py()
-    since = first if window == "whole" else (first + last) // 2
-    since -= since % MINUTE_MS
+    if window == "whole":
+        since, output, got = whole_window.since, whole_window.output, whole_window.merged
+    else:
+        ts = _tables(analysed.export, "messages").column("ts")
+        since = _floor((pc.min(ts).as_py() + pc.max(ts).as_py()) // 2)
+        output = tmp_path / "live-out"
+        got = _live(spark, analysed.export, tmp_path, since, output)
     batch = tmp_path / "batch"
     expected = run_analysis(spark, analysed.export, batch, top_n=SPEC.top_n, since_ms=since)
-    got = _live(spark, analysed.export, tmp_path, since, tmp_path / "live-out")
 
     assert expected["rows_read"]["messages"] > 1000
     for key in HEADLINE:
@@ -88,21 +118,16 @@ def test_slices_give_the_batch_jobs_aggregates(
     for name in WRITTEN:
         want = pq.read_table(batch / name).to_pylist()
         assert want, f"{name}: the export must exercise it"
-        assert _sorted(pq.read_table(tmp_path / "live-out" / name).to_pylist()) == _sorted(want), (
-            name
-        )
-    assert json.loads((tmp_path / "live-out" / names.SUMMARY_FILE).read_text()) == got
+        assert _sorted(pq.read_table(output / name).to_pylist()) == _sorted(want), name
+    assert json.loads((output / names.SUMMARY_FILE).read_text()) == got
 
 
 def test_a_worker_that_died_before_publishing_counts_nothing_twice(
-    spark: SparkSession, analysed: AnalysedExport, tmp_path: Path
+    spark: SparkSession, whole_window: LiveRun, tmp_path: Path
 ) -> None:
-    ts = _tables(analysed.export, "messages").column("ts")
-    since = pc.min(ts).as_py() - pc.min(ts).as_py() % MINUTE_MS
-    reference = _live(spark, analysed.export, tmp_path / "a", since, tmp_path / "a-out")
-
+    since, reference = whole_window.since, whole_window.merged
     root = tmp_path / "b"
-    shutil.copytree(tmp_path / "a" / "export", root / "export")
+    shutil.copytree(whole_window.root / "export", root / "export")
     live = LiveState(root / "live", root / "export")
     assert live.advance(lambda: spark, since) > 0
     # A generation written but not published: what a worker killed at that point leaves.
