@@ -253,8 +253,7 @@ class Homeserver:
         self.process = SynapseProcess(self.python, settings)
 
     async def start(self) -> None:
-        if not (self.settings.data_dir / "signing.key").exists():
-            await asyncio.to_thread(self.process.generate_keys)
+        self.process.generate_keys()  # unless it has one
         self.process.start()
         await self.wait_answering()
         if self.settings.workers is not None:

@@ -691,7 +691,7 @@ class Stack:
         )
         write_homeserver_config(settings)
         synapse = self.synapses[phase] = SynapseProcess(self.python, settings)
-        await asyncio.to_thread(synapse.generate_keys)
+        synapse.generate_keys()
         synapse.start()
         try:
             await synapse.wait_ready()

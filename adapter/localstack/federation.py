@@ -88,7 +88,7 @@ async def start_homeservers(
         for settings in group:
             write_homeserver_config(settings)
             process = SynapseProcess(python, settings)
-            await asyncio.to_thread(process.generate_keys)
+            process.generate_keys()
             say(
                 f"starting Synapse {settings.server_name} on {settings.url} "
                 f"(log: {settings.log_file})"

@@ -4,6 +4,7 @@ virtual environment, configured for loopback only, supervised as a child process
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ctypes
 import fcntl
@@ -12,6 +13,7 @@ import secrets
 import shutil
 import signal
 import socket
+import string
 import subprocess
 import sys
 import time
@@ -24,7 +26,13 @@ from urllib.parse import urlsplit
 import aiohttp
 from ruamel.yaml import YAML
 
-from ..private_files import PRIVATE_UMASK, dump_private_yaml, open_private_append, private_dir
+from ..private_files import (
+    PRIVATE_UMASK,
+    dump_private_yaml,
+    open_private_append,
+    private_dir,
+    write_private,
+)
 from .ip_blocklist import blocklist_except
 from .workers import Worker, WorkerLayout
 
@@ -181,6 +189,10 @@ class SynapseSettings:
         return self.data_dir / "homeserver.yaml"
 
     @property
+    def signing_key_file(self) -> Path:
+        return self.data_dir / "signing.key"
+
+    @property
     def log_file(self) -> Path:
         return self.data_dir / "homeserver.log"
 
@@ -229,7 +241,7 @@ def write_homeserver_config(settings: SynapseSettings) -> Path:
         "log_config": str(log_config),
         "media_store_path": str(data / "media_store"),
         "max_upload_size": settings.max_upload_size,
-        "signing_key_path": str(data / "signing.key"),
+        "signing_key_path": str(settings.signing_key_file.resolve()),
         "report_stats": False,
         "trusted_key_servers": [],
         "suppress_key_server_warning": True,
@@ -370,19 +382,15 @@ class SynapseProcess:
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
 
     def generate_keys(self) -> None:
-        _run(
-            [
-                str(self.python),
-                "-m",
-                "synapse.app.homeserver",
-                "-c",
-                str(self.settings.config_file),
-                "--generate-keys",
-            ],
-            "generate the homeserver's signing key",
-            # Synapse writes the key with the process umask: owner-only, whoever calls this.
-            umask=PRIVATE_UMASK,
-        )
+        """The homeserver's signing key, unless it has one: what `--generate-keys` writes (an
+        ed25519 seed, unpadded base64, under a random key id), without the seconds a Synapse
+        process takes to import. Owner-only, as every secret of the stack."""
+        path = self.settings.signing_key_file
+        if path.exists():
+            return
+        key_id = "a_" + "".join(secrets.choice(string.ascii_letters) for _ in range(4))
+        seed = base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+        write_private(path, f"ed25519 {key_id} {seed}\n")
 
     def start(self) -> None:
         for port in self.settings.ports:

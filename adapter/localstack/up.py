@@ -189,7 +189,7 @@ async def prepared_synapse(settings: SynapseSettings, say: Callable[[str], None]
     python = await asyncio.to_thread(ensure_synapse_installed, None, say)
     write_homeserver_config(settings)
     synapse = SynapseProcess(python, settings)
-    await asyncio.to_thread(synapse.generate_keys)
+    synapse.generate_keys()
     return synapse
 
 

@@ -61,7 +61,7 @@ async def worker_homeserver(
     )
     write_homeserver_config(settings)
     process = SynapseProcess(synapse_python, settings)
-    await asyncio.to_thread(process.generate_keys)
+    process.generate_keys()
     process.start()
     try:
         await process.wait_ready()

@@ -6,6 +6,7 @@ depend on the CLI's own umask, since the tests and the benchmark call them witho
 
 from __future__ import annotations
 
+import base64
 import os
 import stat
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from adapter.configfile import write_atomically
-from adapter.localstack.synapse import write_homeserver_config
+from adapter.localstack.synapse import SynapseProcess, write_homeserver_config
 from adapter.localstack.up import (
     LocalDomain,
     ensure_config,
@@ -92,7 +93,16 @@ async def test_the_local_stacks_writers_leave_nothing_for_others(
     state = one / "var"
     make_state_private(state, say.append, config_path)
     config = ensure_config(config_path, state, say.append)
-    write_homeserver_config(homeserver_settings(config, state))
+    settings = homeserver_settings(config, state)
+    write_homeserver_config(settings)
+    homeserver = SynapseProcess(Path(sys.executable), settings)
+    homeserver.generate_keys()
+    signing_key = settings.signing_key_file.read_text()
+    # The format Synapse reads: algorithm, key id, the 32-byte seed in unpadded base64.
+    algorithm, key_id, seed = signing_key.split()
+    assert (algorithm, len(key_id), len(base64.b64decode(seed + "="))) == ("ed25519", 6, 32)
+    homeserver.generate_keys()
+    assert settings.signing_key_file.read_text() == signing_key  # a key is never replaced
     await migrate.upgrade(config.database.url)
     database = sqlite_files(config.database.url)
     assert database[0].is_relative_to(state) and database[0].exists()
@@ -117,6 +127,7 @@ async def test_the_local_stacks_writers_leave_nothing_for_others(
     for path in (
         state / "registration.yaml",
         state / "synapse" / "homeserver.yaml",
+        state / "synapse" / "signing.key",
         state / "rethink-mn.db",
         two / "domain-a" / "config.yaml",
         two / "domain-b" / "registration.yaml",
