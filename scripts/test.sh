@@ -39,4 +39,7 @@ if [[ -n "$fast" ]]; then
 fi
 
 echo "== Python tests (real Synapse, databases, Spark, Node.js, Chromium)"
-.venv/bin/python -m pytest -rs "$@"
+# Two workers: most of the suite's time is spent waiting on homeservers, nodes and faults, so two
+# at once on a 2-core machine take ~60 % of one's time. Tests that share session state run on
+# one worker (tests/support/xdist_schedule.py). RETHINK_MN_TEST_WORKERS=0: all in one process.
+.venv/bin/python -m pytest -rs -n "${RETHINK_MN_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -32,6 +32,8 @@ from adapter.private_files import dump_private_yaml
 from adapter.storage import migrate
 from appservice.registration import build_registration
 
+from .support.xdist_schedule import TogetherByPath
+
 # The node's processes log through adapter.observability.configure_logging; a test process
 # keeps structlog's defaults, whose rich tracebacks take ~0.3 s each, on the event loop the
 # nodes under test share: plain ones here.
@@ -69,6 +71,14 @@ def worker_services() -> None:
         psycopg.connect(PG_DSN, connect_timeout=5).close()
     except psycopg.OperationalError as exc:
         missing_service(f"PostgreSQL not reachable at {PG_DSN} ({exc})")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> TogetherByPath | None:
+    """`--dist loadgroup` (as `make test` runs): tests that share session state run together, on
+    one worker (tests/support/xdist_schedule.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return TogetherByPath(config, log)
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
