@@ -32,7 +32,7 @@ from adapter.private_files import dump_private_yaml
 from adapter.storage import migrate
 from appservice.registration import build_registration
 
-from .support.xdist_schedule import TogetherByPath
+from .support.xdist_schedule import TogetherByPath, misplaced
 
 # The node's processes log through adapter.observability.configure_logging; a test process
 # keeps structlog's defaults, whose rich tracebacks take ~0.3 s each, on the event loop the
@@ -79,6 +79,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> TogetherByPa
     if config.getvalue("dist") != "loadgroup":
         return None
     return TogetherByPath(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    problems = [
+        why
+        for item in items
+        if (why := misplaced(item.nodeid, list(getattr(item, "fixturenames", ())))) is not None
+    ]
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:

@@ -11,10 +11,33 @@ from xdist.scheduler import LoadScopeScheduling
 #   off after a restart, a room's history) one test leaves to the next.
 TOGETHER = {
     "tests/analytics/": "spark",
+    "tests/integration/test_cluster_federation.py": "federation",
     "tests/integration/test_domains.py": "federation",
     "tests/integration/test_federation_stack.py": "federation",
     "tests/integration/test_hostile_peer.py": "federation",
 }
+# The session fixtures behind each group: a test using one outside its group's paths is refused
+# at collection (it would share their state from another worker, in another order).
+GROUP_FIXTURES = {"spark": "spark", "federation": "federation"}
+
+
+def group_of(nodeid: str) -> str | None:
+    for prefix, group in TOGETHER.items():
+        if nodeid.startswith(prefix):
+            return group
+    return None
+
+
+def misplaced(nodeid: str, fixtures: list[str]) -> str | None:
+    """Why the test ``nodeid``, using ``fixtures``, must be added to TOGETHER (None: it need
+    not)."""
+    for group, fixture in GROUP_FIXTURES.items():
+        if fixture in fixtures and group_of(nodeid) != group:
+            return (
+                f"{nodeid} uses the session fixture `{fixture}`: add its file to the "
+                f"{group!r} group of tests/support/xdist_schedule.py"
+            )
+    return None
 
 
 class TogetherByPath(LoadScopeScheduling):
@@ -23,7 +46,4 @@ class TogetherByPath(LoadScopeScheduling):
     marks through a node attribute pytest 9 no longer has, so it groups nothing.)"""
 
     def _split_scope(self, nodeid: str) -> str:
-        for prefix, group in TOGETHER.items():
-            if nodeid.startswith(prefix):
-                return group
-        return nodeid
+        return group_of(nodeid) or nodeid
