@@ -108,8 +108,8 @@ def ensure_synapse_installed(
     return python
 
 
-def _run(cmd: list[str], what: str, umask: int = -1) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, umask=umask)
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise LocalStackError(f"could not {what} (exit {proc.returncode}):\n{tail}")

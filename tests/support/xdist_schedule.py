@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from xdist.scheduler import LoadScopeScheduling
 
-# Tests that share session state run together on one worker, in the order they were written:
+# Tests that share session state run together on one worker, in the order they were written.
+# Each group is named after the session fixture they share:
 # - every Spark test shares one local Spark session and one analysed export (made once; no two
 #   JVMs compete for the machine's cores);
 # - the tests of the `federation` fixture share its two homeservers, whose state (a peer backed
@@ -16,9 +17,6 @@ TOGETHER = {
     "tests/integration/test_federation_stack.py": "federation",
     "tests/integration/test_hostile_peer.py": "federation",
 }
-# The session fixtures behind each group: a test using one outside its group's paths is refused
-# at collection (it would share their state from another worker, in another order).
-GROUP_FIXTURES = {"spark": "spark", "federation": "federation"}
 
 
 def group_of(nodeid: str) -> str | None:
@@ -30,12 +28,13 @@ def group_of(nodeid: str) -> str | None:
 
 def misplaced(nodeid: str, fixtures: list[str]) -> str | None:
     """Why the test ``nodeid``, using ``fixtures``, must be added to TOGETHER (None: it need
-    not)."""
-    for group, fixture in GROUP_FIXTURES.items():
-        if fixture in fixtures and group_of(nodeid) != group:
+    not). A test using a group's fixture outside the group would share its state from another
+    worker, in another order."""
+    for fixture in set(TOGETHER.values()):
+        if fixture in fixtures and group_of(nodeid) != fixture:
             return (
                 f"{nodeid} uses the session fixture `{fixture}`: add its file to the "
-                f"{group!r} group of tests/support/xdist_schedule.py"
+                f"{fixture!r} group of tests/support/xdist_schedule.py"
             )
     return None
 
