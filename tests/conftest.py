@@ -7,7 +7,7 @@ import secrets
 import shutil
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -91,6 +91,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError("\n".join(problems))
 
 
+# The homeservers the session fixtures started, by name: a failed test that used them shows the
+# end of their logs (what a flaky federation or push did is in there, and CI keeps nothing else).
+HOMESERVERS = pytest.StashKey[dict[str, dict[str, SynapseProcess]]]()
+HOMESERVER_LOG_LINES = 60
+
+
+def _started(request: pytest.FixtureRequest, name: str, process: SynapseProcess) -> None:
+    by_fixture = request.config.stash.setdefault(HOMESERVERS, {})
+    by_fixture.setdefault(request.fixturename or "", {})[name] = process
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        used = getattr(item, "fixturenames", ())
+        for fixture, processes in item.config.stash.get(HOMESERVERS, {}).items():
+            if fixture not in used:
+                continue
+            for name, process in processes.items():
+                tail = process.log_tail(HOMESERVER_LOG_LINES)
+                report.sections.append((f"homeserver {name}: the end of its log", tail))
+    return report
+
+
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
     """The tests run on the event loop the node runs on in production."""
     return {"uvloop": uvloop.new_event_loop}
@@ -138,7 +165,7 @@ def synapse_python() -> Path:
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def homeserver(
-    synapse_python: Path, tmp_path_factory: pytest.TempPathFactory
+    synapse_python: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> AsyncIterator[Homeserver]:
     data_dir = tmp_path_factory.mktemp("synapse")
     as_port = free_port()
@@ -151,6 +178,7 @@ async def homeserver(
     process = SynapseProcess(synapse_python, settings)
     process.generate_keys()
     process.start()
+    _started(request, "mn.test", process)
     try:
         await process.wait_ready()
         yield Homeserver(settings.url, SERVER_NAME, as_token, hs_token, as_port, process)
@@ -205,7 +233,7 @@ def _write_registration(path: Path, as_port: int, server_name: str) -> tuple[str
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def federation(
-    synapse_python: Path, tmp_path_factory: pytest.TempPathFactory
+    synapse_python: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> AsyncIterator[Federation]:
     """Two homeservers on loopback federating with each other (and no one else), each with the
     node's registration, for domains `a.mn.test` and `b.mn.test`."""
@@ -219,6 +247,8 @@ async def federation(
         plain.append(SynapseSettings(root / side, server_name, free_port(), registration))
     group = federating(plain, root / "tls")
     processes = await start_homeservers(synapse_python, group)
+    for side, process in zip(("a.mn.test", "b.mn.test"), processes, strict=True):
+        _started(request, side, process)
     try:
         a, b = (
             FederatedHomeserver(

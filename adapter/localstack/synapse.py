@@ -285,6 +285,11 @@ def _write_log_config(path: Path, log_file: Path) -> Path:
             "loggers": {
                 "synapse.app": {"level": "INFO"},
                 "synapse.storage.SQL": {"level": "WARNING"},
+                # Quiet while all is well, and what explains a push or a peer that went silent:
+                # the appservice's recovery (marked down, retried, recovered) and a
+                # destination's back-off and catch-up.
+                "synapse.appservice.scheduler": {"level": "INFO"},
+                "synapse.federation.sender.per_destination_queue": {"level": "INFO"},
             },
             "disable_existing_loggers": False,
         },
