@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -349,6 +351,71 @@ async def _slow_reading(reader: Node, writer: str) -> Callable[[], Awaitable[boo
 def _counted(node: Node, name: str) -> float:
     value = node.metrics.registry.get_sample_value(name)
     return value or 0.0
+
+
+async def test_a_process_added_under_load_takes_new_runtimes_at_once(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    """p1 alone carries a stream (ivan to judy, a message every 10 ms) when p2, a process new
+    to the domain, starts. The stream goes on without a pause, in order and once; kate, a
+    runtime that connects to p2 right after, and ivan on p1 reach each other at once, both
+    ways."""
+    start, _running = processes
+    p1 = await start("p1")
+    ivan, judy = await _runtime(p1, "ivan5"), await _runtime(p1, "judy5")
+    kate: PyRuntime | None = None
+    try:
+        [i] = await ivan.allocate(D)
+        [j] = await judy.allocate(D)
+        total = 400
+
+        async def stream() -> None:
+            for n in range(1, total + 1):
+                await ivan.send(_message(n, i, j))
+                await asyncio.sleep(0.01)
+
+        arrivals: list[tuple[float, int]] = []
+
+        async def collect() -> None:
+            while len(arrivals) < total:
+                message = await judy.receive(timeout=20)
+                arrivals.append((time.monotonic(), message["body"]["n"]))
+
+        sending = asyncio.create_task(stream())
+        collecting = asyncio.create_task(collect())
+        while len(arrivals) < 100:
+            await asyncio.sleep(0.01)
+        adding = time.monotonic()
+        p2 = await start("p2")
+        kate = await _runtime(p2, "kate5")
+        [k] = await kate.allocate(D)
+        added = time.monotonic()
+        async with asyncio.timeout(5):
+            while p1.table.owner(k) is None or p2.table.owner(i) is None:
+                await asyncio.sleep(0.01)
+        await kate.send(_message(1, k, i))
+        reply = await ivan.receive(timeout=5)
+        assert reply["from"] == k and reply["body"]["n"] == 1
+        await ivan.send(_message(2, i, k))
+        assert (await kate.receive(timeout=5))["body"]["n"] == 2
+        print(
+            f"p2 joined and kate connected in {added - adding:.2f} s; both ways in "
+            f"{time.monotonic() - added:.2f} s more"
+        )
+
+        await sending
+        await collecting
+        assert [n for _t, n in arrivals] == list(range(1, total + 1))
+        assert await judy.nothing_within(0.5) and judy.duplicates == 0
+        # The stream did not wait for the new process: no gap while it joined.
+        during = [t for t, _n in arrivals if adding - 0.5 <= t <= time.monotonic()]
+        gap = max(b - a for a, b in itertools.pairwise(during))
+        print(f"largest gap in the stream while p2 joined: {gap * 1000:.0f} ms")
+        assert gap < 1.0, gap
+    finally:
+        for runtime in (ivan, judy, kate):
+            if runtime is not None:
+                await runtime.close()
 
 
 async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhile(
