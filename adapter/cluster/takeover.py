@@ -175,26 +175,35 @@ class TakeOver:
                     await self._take(holder, await self._processes.all())
                 return True
         row, handover = found
+        handed_at = time.monotonic()
         given = orjson.loads(handover)
         sessions = self._sessions.adopt(
             [row], await self._checkpoints.next_start(), await self._pending.stored()
         )
         before: dict[int, list[Parcel]] = {}
+        read_at: float | None = None
         try:
             self._after(given["sent"])
             lanes = {room: n for process in processes for room, n in process.lanes}
             before = await self._read_again(given["positions"], {s.id for s in sessions}, lanes)
+            read_at = time.monotonic()
             for room, through in given["sent"].items():
                 await self._siblings.catch_up(room, CATCH_UP_SECONDS, through)
         except Exception:
             log.exception("reading the rooms again for a handed session failed", process=holder)
         finally:
             self._adopted(sessions, before, {row.id: handover})
+        done = time.monotonic()
         log.info(
             "session handed over",
             process=holder,
             runtime=runtime_url,
             read_again=sum(len(p) for p in before.values()),
+            # Where a slow move spends its time: the holder handing it, reading the rooms
+            # again, catching up with what the runtime had sent through the holder's lanes.
+            handing_ms=round((handed_at - now) * 1000),
+            reading_ms=round((read_at - handed_at) * 1000) if read_at is not None else None,
+            catching_up_ms=round((done - read_at) * 1000) if read_at is not None else None,
         )
         return True
 

@@ -142,8 +142,7 @@ class Lane(StreamOutbox):
         self._after: dict[str, int] = {}
         self._after_carried: dict[str, int] | None = None
         self._delivering: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._delivered = asyncio.Event()  # set whenever an event's delivery is complete
         self.stream: BatchStream[Outgoing] = BatchStream(
             f"lane-{index}",
             LaneEncoder(),
@@ -210,7 +209,6 @@ class Lane(StreamOutbox):
         ticket = self._ledger_for(self.room_id).open(event_id)
         self._deliveries.append((batch, ticket, batch[0].arrived, self._n))
         if self._delivering is None:
-            self._idle.clear()
             self._delivering = asyncio.create_task(
                 self._deliver(), name=f"deliver:lane-{self.index}"
             )
@@ -223,9 +221,9 @@ class Lane(StreamOutbox):
                 await self._deliver_event([i.routed for i in batch], ticket, sent_at)
                 self.delivered_through = ticket.event_id
                 self.delivered_number = n
+                self._delivered.set()
         finally:
             self._delivering = None
-            self._idle.set()
 
     async def _deliver_event(self, routed: list[Routed], ticket: Ticket, sent_at: float) -> None:
         """A failure while delivering (a database call of a mailbox) is retried: what was
@@ -269,11 +267,16 @@ class Lane(StreamOutbox):
         self.delivered_through = event_id
 
     async def flush(self, timeout: float) -> bool:
+        """Wait until what was pushed so far is sent and delivered here (not for what is
+        pushed meanwhile); False if either took longer than ``timeout`` seconds."""
         sent = await self.stream.flush(timeout)
+        through = self._n
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                await self._idle.wait()
-        return sent and self._idle.is_set()
+                while self.delivered_number < through:
+                    self._delivered.clear()
+                    await self._delivered.wait()
+        return sent and self.delivered_number >= through
 
     async def close(self) -> int:
         left = await self.stream.close()

@@ -155,9 +155,12 @@ class BatchStream(Generic[T]):
         self._in_flight: list[T] = []
         self._last_sent = 0.0
         self._closed = False
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._drained = asyncio.Event()  # set whenever a batch leaves the queue
+        # Items ever queued, and ever done with (sent, refused or not to be sent): ``flush``
+        # waits for the second to reach what the first was when it was called.
+        self._pushed = 0
+        self._done = 0
+        self._progress = asyncio.Event()  # set whenever items are done with
 
     @property
     def queued_bytes(self) -> int:
@@ -189,9 +192,9 @@ class BatchStream(Generic[T]):
         if self._traffic is not None and not self._background:
             self._traffic.touch()
         self._queue.append(item)
+        self._pushed += 1
         self._queued_bytes += self._encoder.size(item)
         if self._task is None and not self._closed:
-            self._idle.clear()
             self._task = asyncio.create_task(self._drain(), name=f"stream:{self.name}")
 
     async def _drain(self) -> None:
@@ -207,15 +210,18 @@ class BatchStream(Generic[T]):
                 if self._background and self._traffic is not None:
                     limits = self._limits
                     await self._traffic.gap(limits.quiet, self._oldest + limits.max_delay)
+                queued = len(self._queue)
                 self._in_flight = self._take_batch()
+                taken = queued - len(self._queue)
                 self._oldest = time.monotonic()
                 if self._in_flight:
                     await self._send_until_done(self._in_flight)
                 self._in_flight = []
                 self._last_sent = time.monotonic()
+                self._done += taken
+                self._progress.set()
         finally:
             self._task = None
-            self._idle.set()
 
     def _take_batch(self) -> list[T]:
         batch: list[T] = []
@@ -334,10 +340,14 @@ class BatchStream(Generic[T]):
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything pushed so far is sent; False if that took longer than
-        ``timeout`` seconds."""
+        ``timeout`` seconds. Not for what is pushed meanwhile: under steady traffic the stream
+        is never idle, and a session moving to another process waits on this."""
+        target = self._pushed
         try:
             async with asyncio.timeout(timeout):
-                await self._idle.wait()
+                while self._done < target:
+                    self._progress.clear()
+                    await self._progress.wait()
             return True
         except TimeoutError:
             return False

@@ -75,6 +75,35 @@ async def test_a_lone_item_goes_at_once_and_what_queues_meanwhile_shares_the_nex
     assert [e["i"] for _, batch in intent.sent for e in batch] == list(range(50))
 
 
+async def test_a_flush_under_steady_traffic_waits_only_for_what_came_before_it() -> None:
+    """A session moving to another process waits on its lanes' flush while the other runtimes
+    keep sending: it must return once what was pushed before it is sent, not when the stream
+    next goes idle (never, under steady traffic)."""
+    intent = FakeIntent()
+    done: list[tuple[int, str]] = []
+    s = stream(intent, done)
+    keep_pushing = True
+
+    async def steady() -> None:
+        i = 0
+        while keep_pushing:
+            s.push(orjson.dumps({"i": i}))
+            i += 1
+            await asyncio.sleep(0.002)
+
+    pushing = asyncio.create_task(steady())
+    await asyncio.sleep(0.05)
+    s.push(b'{"i":"mine"}')
+    try:
+        assert await s.flush(1.0)
+        sent = [e["i"] for _, batch in intent.sent for e in batch]
+        assert "mine" in sent
+    finally:
+        keep_pushing = False
+        await pushing
+    assert await s.flush(5)
+
+
 async def test_a_failed_send_is_retried_with_the_same_transaction_id() -> None:
     intent = FakeIntent(fail_first=2)
     done: list[tuple[int, str]] = []
@@ -333,12 +362,8 @@ class NoDelivery:
         return None
 
 
-async def test_a_lane_names_the_rooms_to_read_first_in_its_next_event_and_no_later() -> None:
-    """After taking sessions from another process, the next event of each lane names that
-    process's lanes (with the numbers to read them through). A requirement added while an
-    event is on its way goes with the one after it: that event was encoded before the moved
-    runtimes could send anything."""
-    intent = GatedLaneIntent()
+def own_lane(intent: GatedLaneIntent) -> Lane:
+    """A ready lane writing into "!own" through ``intent``, delivering nowhere."""
 
     async def target(index: int, refresh: bool) -> tuple[Any, str]:
         return intent, "!own"
@@ -353,6 +378,43 @@ async def test_a_lane_names_the_rooms_to_read_first_in_its_next_event_and_no_lat
         Traffic(),
     )
     lane.ready.set()
+    return lane
+
+
+async def test_a_lanes_flush_under_steady_traffic_waits_only_for_what_came_before_it() -> None:
+    """The same for a lane: sent, and delivered here, through what was pushed before the
+    flush, while more keeps coming."""
+    intent = GatedLaneIntent()
+    lane = own_lane(intent)
+    keep_pushing = True
+
+    async def steady() -> None:
+        i = 1
+        while keep_pushing:
+            lane.push(crowd_message(i))
+            i += 1
+            await asyncio.sleep(0.002)
+
+    pushing = asyncio.create_task(steady())
+    await asyncio.sleep(0.05)
+    try:
+        before = lane.last_number
+        assert await lane.flush(1.0)
+        assert lane.delivered_number > before
+    finally:
+        keep_pushing = False
+        await pushing
+    assert await lane.flush(5)
+    await lane.close()
+
+
+async def test_a_lane_names_the_rooms_to_read_first_in_its_next_event_and_no_later() -> None:
+    """After taking sessions from another process, the next event of each lane names that
+    process's lanes (with the numbers to read them through). A requirement added while an
+    event is on its way goes with the one after it: that event was encoded before the moved
+    runtimes could send anything."""
+    intent = GatedLaneIntent()
+    lane = own_lane(intent)
     lane.push(crowd_message(1))
     assert await lane.flush(5)  # the lane knows its room now
     lane.require_after({"!p1": 7, "!own": 9, "!p0": 0})
