@@ -39,6 +39,7 @@ from adapter.localstack.homeserver_database import (  # noqa: E402
     drop_homeserver_database,
     ensure_homeserver_database,
 )
+from adapter.localstack.nodes import STARTED  # noqa: E402
 from adapter.localstack.synapse import (  # noqa: E402
     SynapseProcess,
     SynapseSettings,
@@ -385,6 +386,7 @@ class NodeProcess:
         self.stub_port = stub_port
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._started_at_byte = 0  # where its log of the latest start begins
 
     def _cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "adapter.cli", "-c", str(self.config), *args]
@@ -406,6 +408,7 @@ class NodeProcess:
         with self.log.open("ab") as log:
             log.write(f"--- start #{self.starts} at {time.time():.3f}\n".encode())
             log.flush()
+            self._started_at_byte = log.tell()
             self.proc = subprocess.Popen(
                 self._cli("run", *(("--process", self.process) if self.process else ())),
                 cwd=ROOT,
@@ -427,15 +430,15 @@ class NodeProcess:
     async def wait_answering(self, timeout: float = 60) -> None:
         """Answering = the stub listener serves the stub (what runtimes need: it opens last,
         after the appservice listener and the database). Not /health: that also probes the
-        homeserver, which lags under load. One of several processes shares the stub port with
-        the others, which would answer for it: its appservice listener's /metrics then (a
-        moment before its stub listener; a port of its own where the homeserver pushes to it
-        alone)."""
+        homeserver, which lags under load. One of several processes shares its ports with the
+        others, which would answer for it: its own log saying it started, then (written once
+        its stub listener is open)."""
         assert self.proc is not None
+        if self.process is not None:
+            await self._wait_logged(STARTED, timeout)
+            return
         deadline = time.monotonic() + timeout
         url = f"http://127.0.0.1:{self.stub_port}/stub/protostub.js"
-        if self.process is not None:
-            url = f"http://127.0.0.1:{self.as_port}/metrics"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -451,6 +454,25 @@ class NodeProcess:
                 await asyncio.sleep(0.02)
         raise RuntimeError(
             f"the node did not answer within {timeout:.0f}s; log:\n{self.log_tail()}"
+        )
+
+    async def _wait_logged(self, text: str, timeout: float) -> None:
+        """Until the log of the latest start holds ``text`` (polled every 20 ms)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        needle = text.encode()
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the node exited with {self.proc.returncode}; log:\n{self.log_tail()}"
+                )
+            with self.log.open("rb") as log:
+                log.seek(self._started_at_byte)
+                if needle in log.read():
+                    return
+            await asyncio.sleep(0.02)
+        raise RuntimeError(
+            f"the node did not log {text!r} within {timeout:.0f}s; log:\n{self.log_tail()}"
         )
 
     async def wait_healthy(self, timeout: float = 60) -> None:

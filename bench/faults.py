@@ -45,7 +45,9 @@ there); node-process-moves-3 (the same on three processes, where a sender's rece
 held by neither the process it left nor the one it reached); federation-process-sigkill (across
 domains: the receivers are the second domain's, and p1, the federation process, which sends on
 to the peer what both processes' lanes carry for it, is killed, kept down until p2 has taken its
-sessions over, then started again).
+sessions over, then started again); node-process-added (the domain runs on p1 alone until p2, a
+process new to it, starts mid-stream; then every stub connection is cut once, and the stubs
+connect again to whichever process the kernel picks: p2 takes its first runtimes under load).
 
 "Acknowledged": the prefix of a stub's messages its ``instance.stats.acknowledged`` covers, once
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
@@ -62,6 +64,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import platform
@@ -136,6 +139,7 @@ SCENARIOS = (
     "node-process-moves",
     "node-process-moves-3",
     "federation-process-sigkill",
+    "node-process-added",
 )
 # Scenarios for a homeserver in worker mode only (--homeserver-workers).
 WORKER_SCENARIOS = frozenset({"persister-sigkill"})
@@ -146,6 +150,7 @@ CLUSTER_SCENARIOS = frozenset(
         "node-process-moves",
         "node-process-moves-3",
         "federation-process-sigkill",
+        "node-process-added",
     }
 )
 # Scenarios across domains: a second domain, whose runtimes are the receivers.
@@ -159,6 +164,8 @@ ACROSS_SCENARIOS = frozenset(
 )
 # The two processes' heartbeat, and how long one is silent before the other takes it for gone.
 CLUSTER = {"heartbeat_seconds": 0.5, "gone_after_seconds": 2.0}
+# node-process-added: when the new process starts, as a fraction of the stream.
+ADD_PROCESS_AT = 0.1
 RUNTIME_SCRIPT = ROOT / "bench" / "fault_runtime.mjs"
 PEER_DOMAIN = "peer.faults.local"
 
@@ -502,15 +509,55 @@ class Stack:
     async def _busiest_process(self) -> NodeProcess:
         """Of the domain's node processes, the one holding the most runtimes (the kernel
         spreads connections as it likes), so that the fault meets as many as it can."""
-        async with await psycopg.AsyncConnection.connect(self.database.url) as conn:
-            found = await conn.execute(
-                "SELECT holder, count(*) FROM runtime_sessions GROUP BY holder ORDER BY 2 DESC"
-            )
-            rows = await found.fetchall()
-        held = {str(holder): int(count) for holder, count in rows}
+        held = await self._held()
         console.print(f"  runtimes held: {held}")
         processes = [self.node, *self.siblings]
         return max(processes, key=lambda proc: held.get(proc.process or "", 0))
+
+    async def _held(self) -> dict[str, int]:
+        """How many runtime sessions each node process holds."""
+        async with await psycopg.AsyncConnection.connect(self.database.url) as conn:
+            found = await conn.execute(
+                "SELECT holder, count(*) FROM runtime_sessions GROUP BY holder"
+            )
+            rows = await found.fetchall()
+        return {str(holder): int(count) for holder, count in rows}
+
+    async def add_process(self, arrivals: list[Arrival]) -> Fault:
+        """Start p2, a process new to the domain, while p1 carries the stream; once it answers,
+        cut every stub connection (as many times as it takes, at most five, for the kernel to
+        hand p2 at least one of the connections that come back). ``arrivals``: what the
+        receivers got so far (the longest stretch without a delivery while p2 started is
+        reported)."""
+        added = self.siblings[0]
+        fault = Fault("process-added", None, time.time())
+        self.faults.append(fault)
+        added.start()
+        await added.wait_answering(90)
+        answering = time.time()
+        during = sorted(a.t for a in arrivals if fault.start <= a.t <= answering)
+        edges = [fault.start, *during, answering]
+        pause = max(b - a for a, b in itertools.pairwise(edges))
+        fault.cut = 0
+        held: dict[str, int] = {}
+        for _ in range(5):
+            fault.cut += self.proxy.cut()
+            fault.end = time.time()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                held = await self._held()
+                if held.get(added.process or "", 0) > 0:
+                    break
+                await asyncio.sleep(0.2)
+            if held.get(added.process or "", 0) > 0:
+                break
+        fault.effective = held.get(added.process or "", 0) > 0
+        fault.detail = (
+            f"{added.process} answering {answering - fault.start:.2f}s after its start; the "
+            f"longest stretch without a delivery meanwhile {pause * 1000:.0f} ms; runtimes "
+            f"held after {fault.cut} connections were cut: {held}"
+        )
+        return fault
 
     async def database_outage(self, seconds: float) -> Fault:
         fault = Fault("database", None, time.time())
@@ -629,7 +676,8 @@ async def start_stack(
             starting.append(stack.peer.prepare(DOMAIN, homeserver.settings.server_name))
         await asyncio.gather(*starting)
         nodes = [node] if stack.peer is None else [node, stack.peer.node]
-        nodes.extend(stack.siblings)
+        if scenario != "node-process-added":  # there p2 starts mid-stream
+            nodes.extend(stack.siblings)
         for each in nodes:
             each.start()
         for each in nodes:
@@ -1065,6 +1113,13 @@ def scenario_setup(
             f"for {plan.link_stall_s:g}s ({fault.detail})"
         )
 
+    async def add_process(run: Run) -> None:
+        # Early: a process takes about two seconds to start, and its first runtimes should
+        # come to it while the stream still runs.
+        await sleep_until(run.t0 + ADD_PROCESS_AT * run.stream_s)
+        fault = await run.stack.add_process(run.collector.arrivals)
+        console.print(f"  {fault.start - run.t0:5.1f}s process added: {fault.detail}")
+
     async def database_outage(run: Run) -> None:
         await sleep_until(run.t0 + plan.fault_at * run.stream_s)
         sqlite = run.stack.database.kind == "sqlite"
@@ -1125,6 +1180,8 @@ def scenario_setup(
         # p1 writes the rooms to the peer: what either process's runtimes sent it and p1 had
         # not sent on yet waits in the lanes for p1 to come back and read them again.
         return cluster_pairs, restart("federation-process", signal.SIGKILL, plan.process_down_s)
+    if name == "node-process-added":
+        return cluster_pairs, add_process
     if name == "monkey":
         receivers = [f"R{i + 1}" for i in range(plan.monkey_receivers)]
         senders = {
