@@ -523,11 +523,21 @@ class Stack:
             rows = await found.fetchall()
         return {str(holder): int(count) for holder, count in rows}
 
+    async def _wait_held(self, name: str, timeout: float) -> dict[str, int]:
+        """The sessions each process holds, once process ``name`` holds one (or after
+        ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            held = await self._held()
+            if held.get(name) or time.monotonic() > deadline:
+                return held
+            await asyncio.sleep(0.2)
+
     async def add_process(self, arrivals: list[Arrival]) -> Fault:
-        """Start p2, a process new to the domain, while p1 carries the stream; once it answers,
-        cut every stub connection (as many times as it takes, at most five, for the kernel to
-        hand p2 at least one of the connections that come back). ``arrivals``: what the
-        receivers got so far (the longest stretch without a delivery while p2 started is
+        """Start p2, a process new to the domain, while p1 carries the stream; once it has
+        started, cut every stub connection (as many times as it takes, at most five, for the
+        kernel to hand p2 at least one of the connections that come back). ``arrivals``: what
+        the receivers got so far (the longest stretch without a delivery while p2 started is
         reported)."""
         added = self.siblings[0]
         fault = Fault("process-added", None, time.time())
@@ -538,20 +548,16 @@ class Stack:
         during = sorted(a.t for a in arrivals if fault.start <= a.t <= answering)
         edges = [fault.start, *during, answering]
         pause = max(b - a for a, b in itertools.pairwise(edges))
+        name = added.process or ""
         fault.cut = 0
         held: dict[str, int] = {}
         for _ in range(5):
             fault.cut += self.proxy.cut()
             fault.end = time.time()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                held = await self._held()
-                if held.get(added.process or "", 0) > 0:
-                    break
-                await asyncio.sleep(0.2)
-            if held.get(added.process or "", 0) > 0:
+            held = await self._wait_held(name, 10)
+            if held.get(name):
                 break
-        fault.effective = held.get(added.process or "", 0) > 0
+        fault.effective = bool(held.get(name))
         fault.detail = (
             f"{added.process} answering {answering - fault.start:.2f}s after its start; the "
             f"longest stretch without a delivery meanwhile {pause * 1000:.0f} ms; runtimes "
