@@ -188,8 +188,13 @@ class BarePipeline:
         return self._sink or self
 
     async def __aexit__(self, *_exc: object) -> None:
+        await self._runner.cleanup()  # no more pushes, so no new receipts
+        # A receipt still on its way would fail on the closed session, unretrieved.
+        if self._receipting is not None:
+            self._receipting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._receipting
         await self._http.close()
-        await self._runner.cleanup()
 
     def _reset(self, wanted: int) -> BarePipeline:
         receiver = self._receiver
