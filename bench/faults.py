@@ -955,6 +955,16 @@ def evaluate(
     write_raw(stack.work, collector, runtimes, t0)
     gap = longest_gap(times, since=t0)
     result["max_gap_s"] = None if gap is None else round(gap, 3)
+    # Taken over all receivers together, the gap misses one receiver left waiting while the
+    # others go on (a session's move that waited for its lane to go idle did just that).
+    by_receiver: dict[str, list[float]] = {}
+    for arrival in counted:
+        by_receiver.setdefault(arrival.receiver, []).append(arrival.t)
+    gaps = [(g, r) for r, ts in by_receiver.items() if (g := longest_gap(ts, since=t0))]
+    worst = max(gaps, default=None)
+    result["max_gap_one_receiver"] = (
+        None if worst is None else {"s": round(worst[0], 3), "receiver": worst[1]}
+    )
     latencies = [(a.t - a.sent_t) * 1000 for a in counted if a.sent_t is not None]
     result["latency_ms"] = {
         "p50": _round(percentile(latencies, 50)),
@@ -1275,6 +1285,7 @@ def row_cells(r: dict[str, Any]) -> list[str]:
 
 def print_scenario(r: dict[str, Any]) -> None:
     c = r.get("counts")
+    one = r.get("max_gap_one_receiver")
     if c:
         console.print(
             "  "
@@ -1292,6 +1303,7 @@ def print_scenario(r: dict[str, Any]) -> None:
             )
             + f"; drained={r.get('drained')} ({r.get('drain_s')}s)"
             + f"; recovery max={r.get('recovery_max_s')}s; max gap={r.get('max_gap_s')}s"
+            + (f" ({one['s']}s at {one['receiver']} alone)" if one else "")
         )
         for key in ("lost_sample", "duplicated_sample", "reordered_sample", "unexpected_sample"):
             if c[key]:
