@@ -193,6 +193,60 @@ async def test_a_runtime_moving_between_processes_loses_nothing_sent_to_it(
         await judy.close()
 
 
+async def test_a_runtime_moves_at_once_while_its_holders_lane_never_rests(
+    processes: tuple[StartProcess, dict[str, Node]],
+) -> None:
+    """ivan floods judy on p1 (a message every millisecond or so: p1's lane is never idle)
+    while lena, who sent through p1 too, connects to p2. p1 hands her session over once its
+    lane has sent what she sent, not once the lane rests: she is taken at the first attempt,
+    long before the flood ends, and what she sent before arrives before what she sends after."""
+    start, _running = processes
+    p1, p2 = await start("p1"), await start("p2")
+    await _reading(p1, 1)
+    await _reading(p2, 1)
+    ivan, judy = await _runtime(p1, "ivan6"), await _runtime(p1, "judy6")
+    lena, max_ = await _runtime(p1, "lena6"), await _runtime(p1, "max6")
+    try:
+        [i] = await ivan.allocate(D)
+        [j] = await judy.allocate(D)
+        [le] = await lena.allocate(D)
+        [m] = await max_.allocate(D)
+        flooding = True
+
+        async def flood() -> int:
+            n = 0
+            while flooding:
+                n += 1
+                await ivan.send(_message(n, i, j))
+                if n % 5 == 0:
+                    await asyncio.sleep(0.005)
+            return n
+
+        flood_task = asyncio.create_task(flood())
+        await asyncio.sleep(0.5)
+        await lena.send(_message(1, le, m))
+        await lena.drop()
+        lena.stub_url = stub_url(p2)
+        asked = time.monotonic()
+        await lena.connect()
+        took = time.monotonic() - asked
+        flooding = False
+        sent = await flood_task
+        assert lena.connect_answer is not None and lena.connect_answer["response"] == 200, (
+            lena.connect_answer
+        )
+        assert p2.sessions.by_runtime(lena.runtime_url) is not None
+        print(f"lena moved in {took:.2f} s under a flood of {sent} messages")
+        assert took < 2.0, took
+        await lena.send(_message(2, le, m))
+        assert [msg["body"]["n"] for msg in await max_.receive_n(2)] == [1, 2]
+        got = [msg["body"]["n"] for msg in await judy.receive_n(sent, timeout=60)]
+        assert got == list(range(1, sent + 1))
+    finally:
+        for runtime in (ivan, judy, lena, max_):
+            await runtime.close()
+
+
 async def test_a_sender_moving_keeps_its_order_for_a_third_process(
     processes: tuple[StartProcess, dict[str, Node]],
 ) -> None:
