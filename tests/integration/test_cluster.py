@@ -82,6 +82,13 @@ def _message(n: int, sender: str, to: str) -> dict[str, Any]:
     return {"id": n, "type": "create", "from": sender, "to": to, "body": {"n": n}}
 
 
+async def _stream(runtime: PyRuntime, sender: str, to: str, total: int) -> None:
+    """Messages 1..total from ``sender`` to ``to``, one every 10 ms."""
+    for n in range(1, total + 1):
+        await runtime.send(_message(n, sender, to))
+        await asyncio.sleep(0.01)
+
+
 async def _reading(node: Node, rooms: int) -> None:
     """Until ``node`` reads ``rooms`` lanes of other processes."""
     assert node.siblings is not None
@@ -166,12 +173,7 @@ async def test_a_runtime_moving_between_processes_loses_nothing_sent_to_it(
         [j] = await judy.allocate(D)
         total = 200
 
-        async def stream() -> None:
-            for n in range(1, total + 1):
-                await ivan.send(_message(n, i, j))
-                await asyncio.sleep(0.01)
-
-        sending = asyncio.create_task(stream())
+        sending = asyncio.create_task(_stream(ivan, i, j, total))
         got: list[int] = []
         for moves, target in enumerate((p2, p1, p2), start=1):
             while len(got) < 50 * moves:
@@ -423,11 +425,6 @@ async def test_a_process_added_under_load_takes_new_runtimes_at_once(
         [j] = await judy.allocate(D)
         total = 400
 
-        async def stream() -> None:
-            for n in range(1, total + 1):
-                await ivan.send(_message(n, i, j))
-                await asyncio.sleep(0.01)
-
         arrivals: list[tuple[float, int]] = []
 
         async def collect() -> None:
@@ -435,7 +432,7 @@ async def test_a_process_added_under_load_takes_new_runtimes_at_once(
                 message = await judy.receive(timeout=20)
                 arrivals.append((time.monotonic(), message["body"]["n"]))
 
-        sending = asyncio.create_task(stream())
+        sending = asyncio.create_task(_stream(ivan, i, j, total))
         collecting = asyncio.create_task(collect())
         while len(arrivals) < 100:
             await asyncio.sleep(0.01)
