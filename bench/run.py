@@ -815,6 +815,14 @@ async def main(args: argparse.Namespace) -> int:
             False,
         ),
     }
+    # The floor under the node's CPU (bench/ws_floor.py) runs crowd cells only.
+    crowd_launchers: crowd.Launchers = {
+        **launchers,
+        "floor": (
+            lambda cfg: [sys.executable, str(ROOT / "bench" / "ws_floor.py"), "-c", str(cfg)],
+            False,
+        ),
+    }
     if plan.only - OWN_STACK:
         for name, (command, journal) in launchers.items():
             await stack.run_node_like(name, command, journal=journal)
@@ -827,7 +835,7 @@ async def main(args: argparse.Namespace) -> int:
         await crowd.run_group(
             stack,
             plan.crowd_cells,
-            {k: v for k, v in launchers.items() if k in args.crowd_targets.split(",")},
+            {k: v for k, v in crowd_launchers.items() if k in args.crowd_targets.split(",")},
             bare,
             results,
             DOMAIN,
@@ -912,8 +920,9 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--crowd-targets",
-        default="node,relay",
-        help="what the crowd cells run on (default node,relay; node alone is quicker)",
+        default="node,relay,floor",
+        help="what the crowd cells run on: node, relay (the node's code without Matrix), floor "
+        "(bench/ws_floor.py: the WebSocket stack alone); default all three; node alone is quicker",
     )
     parser.add_argument(
         "--node-setting",
@@ -962,6 +971,6 @@ if __name__ == "__main__":
         NODE_SETTINGS[key] = YAML(typ="safe", pure=True).load(value)
     if args.only and not set(args.only.split(",")) <= GROUPS:
         parser.error(f"--only takes {', '.join(sorted(GROUPS))}")
-    if not set(args.crowd_targets.split(",")) <= {"node", "relay"}:
-        parser.error("--crowd-targets takes node, relay")
+    if not set(args.crowd_targets.split(",")) <= {"node", "relay", "floor"}:
+        parser.error("--crowd-targets takes node, relay, floor")
     sys.exit(uvloop.run(main(args)))
