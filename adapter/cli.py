@@ -22,6 +22,7 @@ from .config import ConfigError, NodeConfig, load_config
 from .private_files import PRIVATE_UMASK
 
 if TYPE_CHECKING:
+    from .localstack.nodes import NodesOptions
     from .localstack.up import WorkerOptions
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CONFIG = 0, 1, 2, 3
@@ -131,13 +132,14 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_node_count,
         metavar="N",
         help="the domain on N node processes sharing the stub port, on the local PostgreSQL; "
-        "its own config under <state-dir>/nodes/",
+        "its own config under <state-dir>/nodes/ (<state-dir>/nodes-workers/ with --workers)",
     )
     up.add_argument(
         "--node-database",
         metavar="URL",
         help="with --nodes: the nodes' PostgreSQL database, created if missing "
-        "(default postgresql://postgres@127.0.0.1:5432/rethink_mn_nodes)",
+        "(default postgresql://postgres@127.0.0.1:5432/rethink_mn_nodes, "
+        "rethink_mn_nodes_workers with --workers)",
     )
     up.add_argument(
         "--workers",
@@ -149,7 +151,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--homeserver-database",
         metavar="URL",
         help="with --workers: Synapse's PostgreSQL database, created if missing "
-        "(default postgresql://postgres@127.0.0.1:5432/rethink_mn_synapse)",
+        "(default postgresql://postgres@127.0.0.1:5432/rethink_mn_synapse, "
+        "rethink_mn_synapse_nodes with --nodes)",
     )
     up.add_argument(
         "--redis",
@@ -180,8 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--homeserver-database and --redis go with --workers")
     if args.command == "up" and args.workers and args.two_domains:
         parser.error("--workers and --two-domains do not go together (yet)")
-    if args.command == "up" and args.nodes and (args.two_domains or args.workers):
-        parser.error("--nodes goes with neither --two-domains nor --workers (yet)")
+    if args.command == "up" and args.nodes and args.two_domains:
+        parser.error("--nodes and --two-domains do not go together (yet)")
     if args.command == "up" and args.node_database and not args.nodes:
         parser.error("--node-database goes with --nodes")
     if args.command not in SHARED_OUTPUT_COMMANDS:
@@ -232,17 +235,16 @@ async def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "export":
             return await _export(args, load_config(args.config))
         if args.command == "up":
-            from .localstack.nodes import NodesOptions, up_nodes
+            from .localstack.nodes import up_nodes
             from .localstack.up import up, up_two_domains
 
             _configure_logging_for_up(args)
             if args.two_domains:
                 return await up_two_domains(args.state_dir, _say)
             if args.nodes:
-                options = NodesOptions(args.nodes)
-                if args.node_database:
-                    options = dataclasses.replace(options, database_url=args.node_database)
-                return await up_nodes(args.state_dir, _say, options)
+                return await up_nodes(
+                    args.state_dir, _say, _nodes_options(args), _worker_options(args)
+                )
             return await up(args.config, args.state_dir, _say, _worker_options(args))
     except LocalStackError as exc:
         err.print(f"[bold red]error[/]: {exc}")
@@ -250,12 +252,26 @@ async def _dispatch(args: argparse.Namespace) -> int:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+def _nodes_options(args: argparse.Namespace) -> NodesOptions:
+    from .localstack.nodes import NODES_WORKERS_DATABASE, NodesOptions
+
+    options = NodesOptions(args.nodes)
+    if args.node_database:
+        return dataclasses.replace(options, database_url=args.node_database)
+    if args.workers:
+        return dataclasses.replace(options, database_url=NODES_WORKERS_DATABASE)
+    return options
+
+
 def _worker_options(args: argparse.Namespace) -> WorkerOptions | None:
+    from .localstack.nodes import NODES_WORKERS_HOMESERVER_DATABASE
     from .localstack.up import WorkerOptions
 
     if not args.workers:
         return None
     options = WorkerOptions()
+    if args.nodes:
+        options = dataclasses.replace(options, database_url=NODES_WORKERS_HOMESERVER_DATABASE)
     if args.homeserver_database:
         options = dataclasses.replace(options, database_url=args.homeserver_database)
     if args.redis:

@@ -4,7 +4,9 @@ Each process is `rethink-mn run --process pK` on one configuration (under
 `<state-dir>/nodes/`), with the node database on the local PostgreSQL. They share the stub and
 appservice ports (SO_REUSEPORT: the kernel spreads the connections), read each other's lanes
 and take over each other's sessions (adapter/cluster/). A process that exits unexpectedly is
-started again; Ctrl-C or SIGTERM stops them all, then Synapse.
+started again; Ctrl-C or SIGTERM stops them all, then Synapse. With `--workers`, Synapse runs
+in worker mode as under `up --workers`, and everything lives under `<state-dir>/nodes-workers/`
+with databases of its own (its rooms are another homeserver's).
 """
 
 from __future__ import annotations
@@ -23,15 +25,25 @@ from .synapse import (
     LocalStackError,
 )
 from .up import (
+    DEFAULT_PERSISTERS,
+    WorkerOptions,
     ensure_config,
     forget_signals,
     homeserver_settings,
     make_state_private,
     prepared_synapse,
+    say_workers_up,
     stop_on_signals,
+    with_workers,
 )
 
 NODES_DIR = "nodes"
+NODES_WORKERS_DIR = "nodes-workers"
+NODES_DATABASE = "postgresql://postgres@127.0.0.1:5432/rethink_mn_nodes"
+# With --workers: the node database and Synapse's, apart from those of `up --nodes` and
+# `up --workers` (each pair belongs to one homeserver's rooms and keys).
+NODES_WORKERS_DATABASE = "postgresql://postgres@127.0.0.1:5432/rethink_mn_nodes_workers"
+NODES_WORKERS_HOMESERVER_DATABASE = "postgresql://postgres@127.0.0.1:5432/rethink_mn_synapse_nodes"
 # How long a process gets to start, and to stop cleanly before it is killed.
 START_SECONDS = 120.0
 STOP_SECONDS = 30.0
@@ -43,7 +55,7 @@ STARTED = "node started"
 @dataclass(frozen=True)
 class NodesOptions:
     count: int
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/rethink_mn_nodes"
+    database_url: str = NODES_DATABASE
 
 
 class NodeProcess:
@@ -152,23 +164,31 @@ async def _started_or_exited(member: NodeProcess) -> None:
         )
 
 
-async def up_nodes(state_dir: Path, say: Callable[[str], None], options: NodesOptions) -> int:
-    state_dir = state_dir / NODES_DIR
+async def up_nodes(
+    state_dir: Path,
+    say: Callable[[str], None],
+    options: NodesOptions,
+    workers: WorkerOptions | None = None,
+) -> int:
+    state_dir = state_dir / (NODES_DIR if workers is None else NODES_WORKERS_DIR)
     config_path = state_dir / "config.yaml"
     await asyncio.to_thread(make_state_private, state_dir, say, config_path)
     database = await ensure_homeserver_database(options.database_url, whose="the nodes'")
-    config = ensure_config(
-        config_path,
-        state_dir,
-        say,
-        # One dashboard worker (a Spark job) per process would be N of them: off here.
-        {"database.url": database, "dashboard.enabled": False},
-    )
+    # One dashboard worker (a Spark job) per process would be N of them: off here.
+    extra: dict[str, object] = {"database.url": database, "dashboard.enabled": False}
+    if workers is not None:
+        extra |= {
+            "homeserver.event_persisters": DEFAULT_PERSISTERS,
+            "routing.lanes": DEFAULT_PERSISTERS,
+        }
+    config = ensure_config(config_path, state_dir, say, extra)
     if not config.database.url.startswith(("postgresql", "postgres")):
         raise LocalStackError(
             f"{config_path}: database.url must be PostgreSQL for --nodes (the processes share it)"
         )
     settings = homeserver_settings(config, state_dir)
+    if workers is not None:
+        settings = await with_workers(settings, config, workers)
     synapse = await prepared_synapse(settings, say)
     stop = stop_on_signals()
     nodes = NodeProcesses(config_path, options.count, say)
@@ -178,6 +198,7 @@ async def up_nodes(state_dir: Path, say: Callable[[str], None], options: NodesOp
         synapse.start()
         await synapse.wait_ready()
         say(f"Synapse is up (pid {synapse.pid})")
+        say_workers_up(synapse, settings, config, say)
         say(f"applying database migrations to {without_password(config.database.url)}")
         await migrate.upgrade(config.database.url)
         await nodes.start()

@@ -184,6 +184,22 @@ async def with_workers(
     return dataclasses.replace(settings, database_url=database, workers=layout)
 
 
+def say_workers_up(
+    synapse: SynapseProcess,
+    settings: SynapseSettings,
+    config: NodeConfig,
+    say: Callable[[str], None],
+) -> None:
+    if settings.workers is None:
+        return
+    pids = ", ".join(f"{name} pid {pid}" for name, pid in synapse.worker_pids.items())
+    say(
+        f"Synapse workers are up ({pids}) on {without_password(settings.database_url or '')}; "
+        f"each node process writes {config.routing.lanes} lane(s) over "
+        f"{config.homeserver.event_persisters} event persister(s)"
+    )
+
+
 async def prepared_synapse(settings: SynapseSettings, say: Callable[[str], None]) -> SynapseProcess:
     """Synapse installed (once), configured and keyed for ``settings``; not started."""
     python = await asyncio.to_thread(ensure_synapse_installed, None, say)
@@ -241,14 +257,7 @@ async def up(
         synapse.start()
         await synapse.wait_ready()
         say(f"Synapse is up (pid {synapse.pid})")
-        if settings.workers is not None:
-            pids = ", ".join(f"{name} pid {pid}" for name, pid in synapse.worker_pids.items())
-            say(
-                f"Synapse workers are up ({pids}) on "
-                f"{without_password(settings.database_url or '')}; "
-                f"the node writes {config.routing.lanes} lane(s) over "
-                f"{config.homeserver.event_persisters} event persister(s)"
-            )
+        say_workers_up(synapse, settings, config, say)
         say("applying database migrations")
         await migrate.upgrade(config.database.url)
         node = Node(config)

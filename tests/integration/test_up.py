@@ -345,3 +345,82 @@ async def test_up_nodes_spreads_runtimes_over_processes_restarts_one_killed_and_
     pids = [int(p) for p in re.findall(r"(?:p\d pid|Synapse is up \(pid) (\d+)", text)]
     pids += [int(p) for p in re.findall(r"\[p\d\].*?pid=(\d+)", text)]
     assert not any(_alive(pid) for pid in pids), "a process outlived `up --nodes`"
+
+
+async def test_up_nodes_with_workers_routes_across_processes_and_stops_everything(
+    synapse_python: Path, tmp_path: Path, worker_services: None
+) -> None:
+    """The largest local layout: the domain on two node processes, Synapse in worker mode, each
+    process's lanes over the event persisters; runtimes on either process reach each other."""
+    from adapter.localstack.homeserver_database import drop_homeserver_database
+    from adapter.localstack.nodes import NODES_WORKERS_DIR
+    from adapter.localstack.up import ensure_config
+
+    from ..conftest import PG_DSN
+
+    hs_port, as_port, stub_port = free_port(), free_port(), free_port()
+    state = tmp_path / "var"
+    base = PG_DSN.rsplit("/", 1)[0]
+    node_database = f"{base}/rethink_test_up_nodes_workers_{os.getpid()}"
+    homeserver_database = f"{base}/rethink_test_up_nodes_workers_hs_{os.getpid()}"
+    ensure_config(
+        state / NODES_WORKERS_DIR / "config.yaml",
+        state / NODES_WORKERS_DIR,
+        lambda _: None,
+        {
+            "homeserver.url": f"http://127.0.0.1:{hs_port}",
+            # Synapse names its Redis channels after it (see the worker test above).
+            "homeserver.server_name": f"up-nodes-workers-{os.getpid()}.localhost",
+            "appservice.listen.port": as_port,
+            "stub.listen.port": stub_port,
+            "database.url": node_database,
+            "dashboard.enabled": False,
+            "homeserver.event_persisters": 2,
+            "routing.lanes": 2,
+        },
+    )
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "adapter.cli", "up", "--nodes", "2", "--workers"),
+        *("--state-dir", str(state), "--node-database", node_database),
+        *("--homeserver-database", homeserver_database),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output: list[str] = []
+    try:
+        await _read_until_ready(proc, output)
+        # Enough pairs that the kernel puts runtimes on both processes.
+        await asyncio.gather(*(_ping_through(stub_port, f"nw-{i}") for i in range(6)))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
+        output.append(rest.decode())
+        await drop_homeserver_database(node_database)
+        await drop_homeserver_database(homeserver_database)
+    text = "".join(output)
+    assert proc.returncode == 0, text
+    assert "each node process writes 2 lane(s) over 2 event persister(s)" in text, text
+    # Both processes held runtimes: each logged a connect.
+    assert re.search(r"\[p1\].*runtime connected", text) and re.search(
+        r"\[p2\].*runtime connected", text
+    ), text
+    pids = [int(p) for p in re.findall(r"(?:p\d pid|Synapse is up \(pid) (\d+)", text)]
+    pids += [int(p) for p in re.findall(r"(?:persister\d|appservice1) pid (\d+)", text)]
+    assert len(pids) == 6, text
+    assert not any(_alive(pid) for pid in pids), "a process outlived `up --nodes --workers`"
+
+
+async def test_up_refuses_nodes_with_two_domains(tmp_path: Path) -> None:
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "adapter.cli", "up", "--nodes", "2", "--two-domains"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "--nodes and --two-domains do not go together" in result.stderr
+    assert not (tmp_path / "var").exists()
