@@ -774,6 +774,7 @@ class Node:
             cluster.gone_after_seconds,
             self._take_from_the_gone,
             self._on_struck,
+            sends_on=self.peers is not None and self.federation is not None,
         )
         delay = 0.25
         while True:

@@ -29,8 +29,12 @@ class Membership:
         gone_after_seconds: float,
         take_over: Callable[[str], Awaitable[None]],
         on_struck: Callable[[], None],
+        sends_on: bool = False,
     ) -> None:
         self._store = store
+        # The federation process: it sends on to peer domains what every lane carries for
+        # them, whoever's runtimes sent it, so it never skips what a lane holds.
+        self._sends_on = sends_on
         self.name = name
         self._siblings = siblings
         self._positions = positions
@@ -48,8 +52,11 @@ class Membership:
         read the others' lanes and keep beating."""
         self._own_rooms = {room for room, _n in lanes}
         # A process new to the domain holds no session yet: nothing the others wrote before it
-        # joined can be for it, so it reads their lanes from their current ends.
-        new = all(row.name != self.name for row in await self._store.all())
+        # joined can be for it, so it reads their lanes from their current ends. Not so the
+        # federation process: what the others' lanes took for peers while it was away (or
+        # before it first started) is its to send on. "New" is also a process struck off while
+        # it was down, whose row is gone.
+        new = not self._sends_on and all(row.name != self.name for row in await self._store.all())
         await self._store.register(self.name, lanes)
         await self.refresh(from_end=new)
         self._task = asyncio.create_task(self._beat(), name="cluster-heartbeat")

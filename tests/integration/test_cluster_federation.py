@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from sqlalchemy import text
 
 from adapter.node import Node
 from adapter.storage import migrate
@@ -238,6 +239,47 @@ async def test_the_federation_process_stopped_and_started_again_loses_nothing(
         assert [m["body"]["n"] for m in to_alice] == list(range(1, 31))
         assert await bob.nothing_within(0.5) and bob.duplicates == 0
         assert await alice.nothing_within(0.5) and alice.duplicates == 0
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+async def test_the_federation_process_struck_off_and_started_again_sends_on_what_waited(
+    domains: tuple[StartA, dict[str, Node], Node],
+) -> None:
+    """p1 goes away before p2's lane carried anything, and p2 strikes it off as gone (its row is
+    deleted). What alice (on p2) then sends to B waits in p2's lane. p1, started again, has no
+    row and no position in p2's lane: a process new to the domain reads the others' lanes from
+    their ends, but the federation process must not, or it never sends those messages on."""
+    start, running, b = domains
+    p1, p2 = await _both(start)
+    await p1.stop()
+    del running["p1"]
+    # Silent for longer than `gone_after_seconds`, as a killed process is: p2 strikes it.
+    await p2.db.run(
+        lambda conn: conn.execute(
+            text(
+                "UPDATE node_processes SET heartbeat_at = now() - interval '1 hour' "
+                "WHERE name = 'p1'"
+            )
+        )
+    )
+    assert p2._take_over is not None and p2._processes is not None
+    await p2._take_over.gone("p1")
+    assert [row.name for row in await p2._processes.all()] == ["p2"]
+    alice = await _runtime(p2, "cf-struck")
+    bob = await _runtime(b, "cf-struck-far", B)
+    try:
+        [a] = await alice.allocate(A)
+        [bo] = await bob.allocate(B)
+        for n in range(1, 21):
+            await alice.send(_ping(n, a, bo))
+        await _acknowledged(alice)
+        assert await bob.nothing_within(1.0)
+        await start("p1")
+        to_bob = await bob.receive_n(20, 60)
+        assert [m["body"]["n"] for m in to_bob] == list(range(1, 21))
+        assert await bob.nothing_within(0.5) and bob.duplicates == 0
     finally:
         await alice.close()
         await bob.close()
