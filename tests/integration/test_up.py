@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -55,6 +57,41 @@ async def _read_until_ready(proc: asyncio.subprocess.Process, output: list[str])
             line = (await proc.stdout.readline()).decode()
             assert line, "up exited early:\n" + "".join(output)
             output.append(line)
+
+
+@contextlib.asynccontextmanager
+async def _up(
+    tmp_path: Path, *args: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, list[str]]]:
+    """`rethink-mn up *args` in ``tmp_path``, once it says it is ready; stopped with SIGTERM on
+    the way out, with its whole output in the list by then."""
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "adapter.cli", "up", *args),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output: list[str] = []
+    try:
+        await _read_until_ready(proc, output)
+        yield proc, output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
+        output.append(rest.decode())
+
+
+async def _refused(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`rethink-mn up *args`, expected to stop before starting anything."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "adapter.cli", "up", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 async def _run_up_once(tmp_path: Path, as_port: int, stub_port: int, stop: signal.Signals) -> None:
@@ -178,32 +215,16 @@ async def test_up_two_domains_runs_both_and_stops_cleanly(
     assert configs[0].federation.peers["b.localhost"].server_name == (
         f"127.0.0.1:{domains[1].federation_port}"
     )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "adapter.cli",
-        "up",
-        "--two-domains",
-        "--state-dir",
-        str(state),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output: list[str] = []
-    try:
-        await _read_until_ready(proc, output)
-        async with aiohttp.ClientSession() as session:
-            for domain in domains:
-                url = f"http://127.0.0.1:{domain.appservice_port}/health"
-                async with session.get(url) as resp:
-                    report = await resp.json()
-                assert resp.status == 200, report
-                assert report["checks"]["homeserver"]["ok"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
-        output.append(rest.decode())
+    async with (
+        _up(tmp_path, "--two-domains", "--state-dir", str(state)) as (proc, output),
+        aiohttp.ClientSession() as session,
+    ):
+        for domain in domains:
+            url = f"http://127.0.0.1:{domain.appservice_port}/health"
+            async with session.get(url) as resp:
+                report = await resp.json()
+            assert resp.status == 200, report
+            assert report["checks"]["homeserver"]["ok"]
     text = "".join(output)
     assert proc.returncode == 0, text
     for domain in domains:
@@ -241,21 +262,12 @@ async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everythin
         },
     )
     database = PG_DSN.rsplit("/", 1)[0] + f"/rethink_test_up_workers_{os.getpid()}"
-    proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "adapter.cli", "up", "--workers"),
-        *("--state-dir", str(state), "--homeserver-database", database),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output: list[str] = []
     try:
-        await _read_until_ready(proc, output)
-        await _ping_through(stub_port, "workers")
+        async with _up(
+            tmp_path, "--workers", "--state-dir", str(state), "--homeserver-database", database
+        ) as (proc, output):
+            await _ping_through(stub_port, "workers")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
-        output.append(rest.decode())
         await drop_homeserver_database(database)
     text = "".join(output)
     assert proc.returncode == 0, text
@@ -267,23 +279,7 @@ async def test_up_workers_runs_synapse_in_worker_mode_routes_and_stops_everythin
 
 
 async def test_up_workers_without_redis_says_so(tmp_path: Path) -> None:
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "adapter.cli",
-            "up",
-            "--workers",
-            "--redis",
-            f"127.0.0.1:{free_port()}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = await _refused(tmp_path, "--workers", "--redis", f"127.0.0.1:{free_port()}")
     assert result.returncode == 1, result.stderr
     assert "Synapse's workers talk over Redis, and none answers" in result.stderr
 
@@ -314,29 +310,20 @@ async def test_up_nodes_spreads_runtimes_over_processes_restarts_one_killed_and_
             "cluster.gone_after_seconds": 2,
         },
     )
-    proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "adapter.cli", "up", "--nodes", "2"),
-        *("--state-dir", str(state), "--node-database", database),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output: list[str] = []
     try:
-        await _read_until_ready(proc, output)
-        text = "".join(output)
-        [(_p1, p2)] = re.findall(r"p1 pid (\d+), p2 pid (\d+)", text)
-        # Enough pairs that the kernel puts runtimes on both processes.
-        await asyncio.gather(*(_ping_through(stub_port, f"nodes-{i}") for i in range(6)))
-        os.kill(int(p2), signal.SIGKILL)
-        async with asyncio.timeout(60):
-            while not any("p2 exited" in line for line in output):
-                output.append((await proc.stdout.readline()).decode())  # type: ignore[union-attr]
-        await asyncio.gather(*(_ping_through(stub_port, f"after-{i}") for i in range(6)))
+        async with _up(
+            tmp_path, "--nodes", "2", "--state-dir", str(state), "--node-database", database
+        ) as (proc, output):
+            [(_p1, p2)] = re.findall(r"p1 pid (\d+), p2 pid (\d+)", "".join(output))
+            # Enough pairs that the kernel puts runtimes on both processes.
+            await asyncio.gather(*(_ping_through(stub_port, f"nodes-{i}") for i in range(6)))
+            os.kill(int(p2), signal.SIGKILL)
+            async with asyncio.timeout(60):
+                while not any("p2 exited" in line for line in output):
+                    line = await proc.stdout.readline()  # type: ignore[union-attr]
+                    output.append(line.decode())
+            await asyncio.gather(*(_ping_through(stub_port, f"after-{i}") for i in range(6)))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
-        output.append(rest.decode())
         await drop_homeserver_database(database)
     text = "".join(output)
     assert proc.returncode == 0, text
@@ -379,23 +366,15 @@ async def test_up_nodes_with_workers_routes_across_processes_and_stops_everythin
             "routing.lanes": 2,
         },
     )
-    proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "adapter.cli", "up", "--nodes", "2", "--workers"),
-        *("--state-dir", str(state), "--node-database", node_database),
-        *("--homeserver-database", homeserver_database),
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output: list[str] = []
     try:
-        await _read_until_ready(proc, output)
-        # Enough pairs that the kernel puts runtimes on both processes.
-        await asyncio.gather(*(_ping_through(stub_port, f"nw-{i}") for i in range(6)))
+        async with _up(
+            tmp_path,
+            *("--nodes", "2", "--workers", "--state-dir", str(state)),
+            *("--node-database", node_database, "--homeserver-database", homeserver_database),
+        ) as (proc, output):
+            # Enough pairs that the kernel puts runtimes on both processes.
+            await asyncio.gather(*(_ping_through(stub_port, f"nw-{i}") for i in range(6)))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = await asyncio.wait_for(proc.communicate(), timeout=90)
-        output.append(rest.decode())
         await drop_homeserver_database(node_database)
         await drop_homeserver_database(homeserver_database)
     text = "".join(output)
@@ -412,15 +391,7 @@ async def test_up_nodes_with_workers_routes_across_processes_and_stops_everythin
 
 
 async def test_up_refuses_nodes_with_two_domains(tmp_path: Path) -> None:
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "adapter.cli", "up", "--nodes", "2", "--two-domains"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = await _refused(tmp_path, "--nodes", "2", "--two-domains")
     assert result.returncode == 2, result.stderr
     assert "--nodes and --two-domains do not go together" in result.stderr
     assert not (tmp_path / "var").exists()
