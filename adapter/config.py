@@ -281,9 +281,23 @@ class PolicyRule(_Strict):
 
 
 class PolicyConfig(_Strict):
-    enforce_sender_ownership: bool = True
     rate_limit: RateLimitConfig = RateLimitConfig()
     rules: list[PolicyRule] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ownership_always_enforced(cls, data: Any) -> Any:
+        """Older configuration files say ``enforce_sender_ownership: true``: still accepted.
+        Who may speak from an address is no longer a setting (adapter/access.py decides it,
+        always), so ``false`` is refused rather than silently ignored."""
+        if isinstance(data, dict) and "enforce_sender_ownership" in data:
+            if data["enforce_sender_ownership"] is not True:
+                raise ValueError(
+                    "enforce_sender_ownership can no longer be turned off: a runtime speaks "
+                    "only from addresses it holds; remove the key"
+                )
+            data = {k: v for k, v in data.items() if k != "enforce_sender_ownership"}
+        return data
 
 
 class PolicyApiConfig(_Strict):

@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from .addresses import invisible_character, spelling_problem
+
 # Types the MN itself understands; any other type is routed untouched (the MN is content-agnostic).
 KNOWN_TYPES = frozenset(
     {
@@ -107,6 +109,9 @@ def check_header(raw: str, obj: dict[str, Any]) -> Message:
     body = obj.get("body", {})
     if not isinstance(sender, str) or not sender or len(sender.encode()) > MAX_ADDRESS_BYTES:
         raise InvalidMessage(400, _field_problem("from", sender, "a non-empty address"), obj)
+    problem = spelling_problem(sender)
+    if problem is not None:
+        raise InvalidMessage(400, f"'from': {problem}", obj)
     if isinstance(msg_id, bool) or not isinstance(msg_id, str | int | float):
         raise InvalidMessage(400, _field_problem("id", msg_id, "a string or a number"), obj)
     if isinstance(msg_id, str) and len(msg_id.encode()) > MAX_ID_BYTES:
@@ -117,6 +122,8 @@ def check_header(raw: str, obj: dict[str, Any]) -> Message:
             _field_problem("type", msg_type, f"a string of 1 … {MAX_TYPE_LENGTH} characters"),
             obj,
         )
+    if invisible_character(msg_type) is not None:
+        raise InvalidMessage(400, "'type' must not hold invisible or control characters", obj)
     targets = addresses(to)
     if not targets or (isinstance(to, list) and len(targets) != len(to)):
         raise InvalidMessage(
@@ -126,6 +133,10 @@ def check_header(raw: str, obj: dict[str, Any]) -> Message:
         raise InvalidMessage(400, f"'to' names more than {MAX_DESTINATIONS} addresses", obj)
     if any(not t or len(t.encode()) > MAX_ADDRESS_BYTES for t in targets):
         raise InvalidMessage(400, "'to' holds an empty or over-long address", obj)
+    for target in targets:
+        problem = spelling_problem(target)
+        if problem is not None:
+            raise InvalidMessage(400, f"'to': {problem}", obj)
     if body is None:
         body = {}
     if not isinstance(body, dict):
@@ -140,35 +151,6 @@ def addresses(to: Any) -> tuple[str, ...]:
     if isinstance(to, list):
         return tuple(t for t in to if isinstance(t, str))
     return ()
-
-
-# A data object's streams and a registration's status: what runtimes subscribe to
-# (DESIGN §10). ``<object>/children/<name>`` (also with the name left out) is a stream too.
-_STREAM_SUFFIXES = ("/changes", "/subscription", "/registration")
-
-
-def is_stream_address(address: str) -> bool:
-    """Whether ``address`` is a data-object stream or a registration-status address (any
-    runtime may subscribe to it), rather than the address of a runtime, a hyperty or an object
-    itself (only its holder receives what is sent there)."""
-    return address.endswith(_STREAM_SUFFIXES) or "/children/" in address
-
-
-_SERVICE_LABELS = frozenset({"msg-node", "registry", "idm"})
-
-
-def address_domain(address: str) -> str | None:
-    """The reTHINK domain an address belongs to: ``hyperty://example.org/x`` and
-    ``domain://registry.example.org`` are both ``example.org``."""
-    scheme, sep, rest = address.partition("://")
-    if not sep:
-        return None
-    host = rest.split("/", 1)[0].split("@")[-1].casefold()
-    if scheme == "domain":
-        label, dot, parent = host.partition(".")
-        if dot and label in _SERVICE_LABELS:
-            return parent
-    return host or None
 
 
 def reply_origin(partial: Mapping[str, Any]) -> str:

@@ -32,6 +32,7 @@ from appservice.metrics import AppserviceMetrics
 from appservice.server import AppserviceServer, TransactionHandler
 
 from . import carrier
+from .access import AccessMonitor, Refusal
 from .carrier import Sender
 from .cluster.membership import Membership
 from .cluster.shared_routes import SharedRoutes, application_name
@@ -79,11 +80,11 @@ from .routing_table import RoutingTable
 from .services.allocation import ENDPOINTS, AllocationService
 from .services.connectors import build_connectors
 from .services.idm import IdmService
-from .services.registry import domain_registry_address, node_addresses
+from .services.registry import domain_registry_address
 from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from .services.subscriptions import SubscriptionService
 from .sessions.registry import Lifecycle, SessionRegistry
-from .sessions.session import Session
+from .sessions.session import AskedRequests, Session
 from .sessions.tokens import SessionTokens
 from .stalls import StallWatch
 from .storage.checkpoints import CheckpointStore
@@ -189,10 +190,12 @@ class Node:
 
         # Routing state and sessions.
         self.table = RoutingTable()
+        # The reference monitor: every "may this runtime use this address" is its decision.
+        self.monitor = AccessMonitor(cfg.domain, self.table, cfg.federation.peers, self._asked_by)
         # The operator's rules, managed at run time through the policy API (stored).
         self.rules = RuleEngine()
         self._rule_store = PolicyStore(self.db, self.rules)
-        self.policy = PolicyEngine(cfg.policy, self.table, node_addresses(cfg.domain), self.rules)
+        self.policy = PolicyEngine(cfg.policy, self.rules)
         self.settlement = Settlement(self._checkpoints, self.metrics)
         self._acks = AckSender()
         self._background: set[asyncio.Task[None]] = set()
@@ -249,14 +252,14 @@ class Node:
         # Peers reached through the lanes: every process's messages for them, sent on here.
         through_lanes = self.peers is not None and cfg.cluster.enabled
         self.delivery = Delivery(
-            self.table,
+            self.monitor,
             self.sessions,
             self.journal,
             self.metrics,
             {},
             cfg.quotas.waiting_bytes,
             self.peers.remote_domain if self.peers is not None else None,
-            Onward(self.federation, self.table, self.metrics)
+            Onward(self.federation, self.monitor, self.metrics)
             if through_lanes and self.federation is not None
             else None,
         )
@@ -274,7 +277,7 @@ class Node:
         self.publisher = Publisher(
             self.outboxes,
             Sender(node_origin(process), domain_registry_address(cfg.domain), self.api.bot.user_id),
-            self.table,
+            self.monitor,
             None if through_lanes else self.federation,
         )
         # The domain registry, answered from the node's database unless one is configured.
@@ -303,7 +306,7 @@ class Node:
                         domain_registry_address(cfg.domain),
                         self.api.bot.user_id,
                     ),
-                    self.table,
+                    self.monitor,
                 )
             self._peer_subscriptions = self.peer_feeds = PeerFeeds(
                 cfg.domain,
@@ -313,6 +316,7 @@ class Node:
                 self.delivery,
                 self.settlement,
                 self.table,
+                self.monitor,
                 self._remote_subscriptions,
                 self.policy,
                 to_peers,
@@ -367,7 +371,7 @@ class Node:
                 self._checkpoints,
                 self._pending,
                 self.sessions,
-                self.table,
+                self.monitor,
                 self.api.bot,
                 self.siblings,
                 cfg.cluster.gone_after_seconds,
@@ -376,6 +380,7 @@ class Node:
             )
         self.ingress = Ingress(
             self.table,
+            self.monitor,
             self._services(),
             self.outboxes,
             self.journal,
@@ -486,6 +491,7 @@ class Node:
         self.allocation = allocation = AllocationService(
             cfg.domain,
             self.table,
+            self.monitor,
             self.routes,
             cfg.routing.max_allocation_block,
             cfg.quotas.addresses,
@@ -497,6 +503,7 @@ class Node:
             "sm",
             SubscriptionService(
                 self.table,
+                self.monitor,
                 self.routes,
                 cfg.quotas.subscriptions,
                 on_quota,
@@ -506,7 +513,6 @@ class Node:
                 lambda r, address: self.policy.check_subscription(
                     r.runtime_url, r.identity, address
                 ),
-                self._is_foreign,
             ),
         )
         registry, global_registry, unknown = self._connectors
@@ -521,8 +527,9 @@ class Node:
                 return lane.delivered_number
         return None
 
-    def _is_foreign(self, address: str) -> bool:
-        return self.peers is not None and self.peers.remote_domain(address) is not None
+    def _asked_by(self, session_id: int) -> AskedRequests | None:
+        session = self.sessions.get(session_id)
+        return session.asked if session is not None else None
 
     def _quota_refused(self, quota: str) -> None:
         self.metrics.quota_refusals.labels(quota).inc()
@@ -553,7 +560,7 @@ class Node:
     async def _identity_of(self, origin: str) -> Identity | None:
         """The identity the runtime behind ``origin`` (its runtime URL or an address it owns)
         proved, for the IdM's assertion checks."""
-        owner = self.table.owner(origin)
+        owner = self.monitor.holder(origin)
         session = self.sessions.get(owner) if owner is not None else None
         return session.identity if session is not None else None
 
@@ -719,12 +726,29 @@ class Node:
                 by_key.setdefault((row.session_id, row.allocation_key), []).append(row.address)
         for (session_id, key), addresses in by_key.items():
             self.table.add_allocations(session_id, addresses, key)
+        # What an older node stored under looser rules is left out: the monitor judges each
+        # of this process's sessions' subscriptions and learned routes again.
+        dropped = 0
         for address, session_id in await self.routes.subscriptions():
-            if include(session_id):
-                self.table.subscribe(session_id, [address])
+            session = self.sessions.get(session_id)
+            if not include(session_id):
+                continue
+            if session is not None and self.monitor.subscribe_to(session, address) is not None:
+                dropped += 1
+                continue
+            self.table.subscribe(session_id, [address])
         for address, session_id in await self.routes.learned():
-            if include(session_id):
-                self.table.learn(session_id, address)
+            session = self.sessions.get(session_id)
+            if not include(session_id):
+                continue
+            if session is not None and isinstance(
+                self.monitor.speak_from(session, address), Refusal
+            ):
+                dropped += 1
+                continue
+            self.table.learn(session_id, address)
+        if dropped:
+            log.warning("routes the ownership rules refuse were not loaded", routes=dropped)
 
     async def _reload_shared_routes(self) -> None:
         """The other processes' part of the routing table, read again whole (what they

@@ -1,29 +1,15 @@
-"""Who receives a message: the in-memory routing table.
+"""The table of holders: who holds, subscribes to and learned each address, in memory.
 
 Built from the database at start and kept in step by the services that change it (allocation,
-subscription manager, sessions), so deciding a destination never waits for the database.
+subscription manager, sessions), so deciding a destination never waits for the database. It
+holds facts only: the rules on them (who may speak from, receive at or subscribe to an address)
+are the reference monitor's (access.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from .envelope import is_stream_address
-
-REGISTRATION_SUFFIX = "/registration"
-
-
-@dataclass(frozen=True, slots=True)
-class Destinations:
-    sessions: frozenset[int]
-    # Whether anything at all is known about the addresses (an allocated object with no
-    # subscribers is known: a publication to it reaches nobody without being an error).
-    known: bool
-    # The sessions among them the message is addressed to directly (not as subscribers).
-    owners: frozenset[int] = frozenset()
-    # Other reTHINK domains subscribed to one of the addresses (their nodes fan it out).
-    domains: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,19 +33,30 @@ class RoutingTable:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def owner(self, address: str) -> int | None:
-        """The session an address belongs to: allocated, learned, a runtime URL, or — for a child
-        path such as ``<object>/subscription`` — the nearest allocated or runtime parent."""
-        exact = self._owner.get(address)
-        if exact is None:
-            exact = self._learned.get(address)
-        if exact is None:
-            exact = self._runtimes.get(address)
-        if exact is not None:
-            return exact
-        return self._parent_owner(address)
+    def exact_holder(self, address: str) -> int | None:
+        """The session holding exactly ``address`` as an allocation or a learned route."""
+        found = self._owner.get(address)
+        return found if found is not None else self._learned.get(address)
 
-    def _parent_owner(self, address: str) -> int | None:
+    def runtime_holder(self, address: str) -> int | None:
+        """The session whose runtimeURL ``address`` is, or that holds its nearest allocated or
+        runtime parent."""
+        found = self._runtimes.get(address)
+        return found if found is not None else self.parent_holder(address)
+
+    def allocated_holder(self, address: str) -> int | None:
+        """The session ``address`` (or its nearest held parent) was allocated to, or whose
+        runtimeURL it is (or is under); learned routes do not count."""
+        found = self._owner.get(address)
+        if found is None:
+            found = self._runtimes.get(address)
+        return found if found is not None else self.parent_holder(address)
+
+    def learned_holder(self, address: str) -> int | None:
+        return self._learned.get(address)
+
+    def parent_holder(self, address: str) -> int | None:
+        """The session holding the nearest allocated or runtime parent of ``address``."""
         scheme_end = address.find("://")
         floor = scheme_end + 3 if scheme_end >= 0 else 0
         cut = address.rfind("/")
@@ -73,61 +70,13 @@ class RoutingTable:
             cut = address.rfind("/", 0, cut)
         return None
 
-    def destinations(self, addresses: Iterable[str], sender: int | None) -> Destinations:
-        """Every session a message to ``addresses`` goes to.
+    def subscribers(self, address: str) -> set[int] | None:
+        return self._subscribers.get(address)
 
-        The holder of an address (allocated, learned, its runtime, or the nearest held parent)
-        gets it. Subscribers get it when the address is a data-object stream or a registration
-        status (``is_stream_address``), or when nobody holds it: a runtime never receives what
-        is sent to another runtime's own address, whenever it subscribed to it (DESIGN §10).
-        The sender gets its own message back only if it subscribed to the address or holds it
-        exactly. A registration's status (``<url>/registration``) reaches its subscribers only.
-        Other domains get only streams."""
-        found: set[int] = set()
-        owners: set[int] = set()
-        domains: set[str] = set()
-        known = False
-        for address in addresses:
-            subscribers = self._subscribers.get(address)
-            exact = self._owner.get(address)
-            if exact is None:
-                exact = self._learned.get(address)
-            holder = exact
-            if holder is None:
-                holder = self._runtimes.get(address)
-                if holder is None:
-                    holder = self._parent_owner(address)
-            if subscribers:
-                known = True
-                if holder is None or is_stream_address(address):
-                    found.update(subscribers)
-            if self._remote:
-                remote = self._remote.get(address)
-                if remote and is_stream_address(address):
-                    domains.update(remote)  # a domain is listed while any runtime holds it
-                    known = True
-            if exact is not None:
-                owners.add(exact)
-                known = True
-            elif holder is not None:
-                known = True
-                # A registration's status goes to its subscribers only (reTHINK's runtimes
-                # subscribe to it; a publication the holder did not ask for would arrive in
-                # place of an answer it waits for).
-                if (holder != sender or (subscribers and sender in subscribers)) and not (
-                    address.endswith(REGISTRATION_SUFFIX)
-                ):
-                    owners.add(holder)
-        found.update(owners)
-        return Destinations(frozenset(found), known, frozenset(owners), frozenset(domains))
-
-    def allocated_owner(self, address: str) -> int | None:
-        """The session an address is allocated to (itself or a parent), ignoring learned routes:
-        what the policy engine checks a sender against."""
-        exact = self._owner.get(address)
-        if exact is None:
-            exact = self._runtimes.get(address)
-        return exact if exact is not None else self._parent_owner(address)
+    def remote_domains(self, address: str) -> Iterable[str]:
+        """The other domains whose runtimes subscribed to ``address``."""
+        remote = self._remote.get(address) if self._remote else None
+        return remote.keys() if remote else ()
 
     def allocated_to(self, session_id: int, address: str) -> bool:
         return self._owner.get(address) == session_id
@@ -152,13 +101,6 @@ class RoutingTable:
         if entry is None:
             return Holdings(0, 0, 0)
         return Holdings(len(entry.allocations), len(entry.subscriptions), len(entry.learned))
-
-    def belongs_to(self, session_id: int, address: str) -> bool:
-        """Whether ``address`` is the session's: allocated to it (itself or a parent), or
-        learned from its connection."""
-        if self._learned.get(address) == session_id:
-            return True
-        return self.allocated_owner(address) == session_id
 
     # -- changing -----------------------------------------------------------------------------
 
@@ -242,10 +184,10 @@ class RoutingTable:
         return bool(self._subscribers.get(address))
 
     def learn(self, session_id: int, address: str) -> bool:
-        """Remember that ``address`` speaks through this session. Returns True when that is new
-        (the caller persists it). An address allocated to, or learned by, a session is never
-        learned by another: it stays the first one's until that session is released."""
-        if address in self._owner or address in self._learned:
+        """Remember that ``address`` speaks through this session (the monitor allowed it).
+        Returns True when that is new (the caller persists it). An address held by a session is
+        never learned by another: it stays the first one's until that session is released."""
+        if address in self._owner or address in self._learned or address in self._runtimes:
             return False
         self._learned[address] = session_id
         self._entry(session_id).learned.add(address)

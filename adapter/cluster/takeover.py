@@ -48,9 +48,9 @@ import structlog
 from appservice.intent import Intent
 
 from .. import carrier
+from ..access import AccessMonitor
 from ..routing.federation import event_number
 from ..routing.lanes import Lane
-from ..routing_table import RoutingTable
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session
@@ -104,7 +104,7 @@ class TakeOver:
         checkpoints: CheckpointStore,
         pending: PendingStore,
         sessions: SessionRegistry,
-        table: RoutingTable,
+        monitor: AccessMonitor,
         bot: Intent,
         siblings: SiblingLanes,
         gone_after_seconds: float,
@@ -120,7 +120,7 @@ class TakeOver:
         self._checkpoints = checkpoints
         self._pending = pending
         self._sessions = sessions
-        self._table = table
+        self._monitor = monitor
         self._bot = bot
         self._siblings = siblings
         self._gone_after = timedelta(seconds=gone_after_seconds)
@@ -386,7 +386,7 @@ class TakeOver:
                 continue
             for message in routed:
                 sender = self._sessions.by_origin(message.sender.origin)
-                targets = self._table.destinations(
+                targets = self._monitor.receivers(
                     message.to, sender.id if sender is not None else None
                 ).sessions
                 key = (message.sender.origin, message.oseq)

@@ -17,7 +17,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-from ..envelope import address_domain as service_domain
+from ..addresses import domain_of as service_domain
 from ..identity.model import Identity
 
 AttributeKind = Literal["string", "bool", "time", "date", "weekday"]

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import structlog
 
+from ..access import AccessMonitor
 from ..carrier import Routed
 from ..observability import NodeMetrics
-from ..routing_table import RoutingTable
 from .federation import Federation
 from .lanes import Outbox, Outgoing
 from .peers import PeerRefused, Peers
@@ -35,18 +35,18 @@ ROOM_WAIT_SECONDS = 30.0
 
 def remote_domains(
     peers: Peers,
-    table: RoutingTable,
+    monitor: AccessMonitor,
     to: tuple[str, ...],
     session_id: int | None,
     subscribed: frozenset[str],
 ) -> set[str]:
     """The peer domains a message goes to: those of addresses this domain has no route for
     itself, and ``subscribed``, those whose runtimes subscribed to one of its addresses (the
-    table's ``destinations(to).domains``)."""
+    monitor's ``receivers(to).domains``)."""
     found = set(subscribed)
     for address in to:
         domain = peers.remote_domain(address)
-        if domain is not None and not table.destinations((address,), session_id).known:
+        if domain is not None and not monitor.receivers((address,), session_id).known:
             found.add(domain)
     return found
 
@@ -102,17 +102,17 @@ class Onward:
     stays unsettled until the peer's room holds the message, so the lane is read again from
     before it if this process stops first (the peer drops by number what it already had)."""
 
-    def __init__(self, federation: Links, table: RoutingTable, metrics: NodeMetrics) -> None:
+    def __init__(self, federation: Links, monitor: AccessMonitor, metrics: NodeMetrics) -> None:
         self._federation = federation
-        self._table = table
+        self._monitor = monitor
         self._refused = metrics.messages_out.labels("peer_refused")
 
     async def __call__(self, routed: Routed, ticket: Ticket | None) -> None:
         if routed.sender.origin.startswith(PEER_ORIGIN_PREFIX):
             return  # a peer's message this process relayed to the domain's lanes
-        table = self._table
-        subscribed = table.destinations(routed.to, None).domains
-        domains = remote_domains(self._federation.peers, table, routed.to, None, subscribed)
+        monitor = self._monitor
+        subscribed = monitor.receivers(routed.to, None).domains
+        domains = remote_domains(self._federation.peers, monitor, routed.to, None, subscribed)
         for domain in sorted(domains):
             try:
                 link = await self._federation.link(domain)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+from ..access import AccessMonitor
 from ..carrier import Routed
 from ..envelope import InvalidMessage, answer, control_error, parse
 from ..observability import NodeMetrics
-from ..routing_table import RoutingTable
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session
@@ -30,7 +30,7 @@ SendOn = Callable[[Routed, Ticket | None], Awaitable[None]]
 class Delivery:
     def __init__(
         self,
-        table: RoutingTable,
+        monitor: AccessMonitor,
         sessions: SessionRegistry,
         journal: Journal,
         metrics: NodeMetrics,
@@ -39,7 +39,7 @@ class Delivery:
         foreign: Callable[[str], str | None] | None = None,
         send_on: SendOn | None = None,
     ) -> None:
-        self._table = table
+        self._monitor = monitor
         self._sessions = sessions
         self._journal = journal
         self._metrics = metrics
@@ -128,9 +128,7 @@ class Delivery:
 
     async def _deliver_one(self, routed: Routed, ticket: Ticket | None) -> int:
         sender = self._sessions.by_origin(routed.sender.origin)
-        destinations = self._table.destinations(
-            routed.to, sender.id if sender is not None else None
-        )
+        destinations = self._monitor.receivers(routed.to, sender.id if sender is not None else None)
         targets = destinations.sessions
         if not targets:
             self._metrics.messages_out.labels("no_destination").inc()

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from ..access import LEARN, AccessMonitor, Refusal
 from ..carrier import Routed
 from ..config import QuotaConfig
 from ..envelope import (
@@ -114,6 +115,7 @@ class Ingress:
     def __init__(
         self,
         table: RoutingTable,
+        monitor: AccessMonitor,
         services: ServiceDirectory,
         outboxes: Outboxes,
         journal: Journal,
@@ -128,6 +130,7 @@ class Ingress:
         catch_up: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._table = table
+        self._monitor = monitor
         # With several node processes: waits until what the others changed in the routing
         # state has reached the table (an address allocated there a moment ago).
         self._catch_up = catch_up
@@ -214,6 +217,9 @@ class Ingress:
             # The node no longer vouches for the identity: nothing goes out in its name until
             # the runtime presents a fresh credential ({cmd: 'auth'}).
             return await self._refuse(attachment, message, 401, CREDENTIAL_EXPIRED, pending)
+        speaking = self._monitor.speak_from(session, message.from_)
+        if isinstance(speaking, Refusal):
+            return await self._refuse(attachment, message, speaking.code, speaking.reason, pending)
         denial = self._policy.check(session.id, message, session.identity)
         if denial is not None:
             return await self._refuse(attachment, message, denial.code, denial.reason, pending)
@@ -229,17 +235,19 @@ class Ingress:
                 return False
             return await self._serve(service, attachment, message, pending)
 
-        if not self._table.belongs_to(session.id, message.from_):
-            if self._table.owner(message.from_) is not None:
-                # Learned by another session (allocated ones are the policy engine's): it stays
-                # that session's route until that session lets it go.
+        for address in message.to:
+            refused = self._monitor.send_to(session.id, address)
+            if refused is not None:
                 return await self._refuse(
-                    attachment,
-                    message,
-                    403,
-                    f"'{message.from_}' is in use by another runtime",
-                    pending,
+                    attachment, message, refused.code, refused.reason, pending
                 )
+        if message.type == "response":
+            refused = self._monitor.answer(message.to, message.id, message.from_)
+            if refused is not None:
+                return await self._refuse(
+                    attachment, message, refused.code, refused.reason, pending
+                )
+        if speaking is LEARN:
             if self._table.holdings(session.id).learned >= self._quotas.learned_routes:
                 self._metrics.quota_refusals.labels("learned_routes").inc()
                 return await self._refuse(
@@ -257,11 +265,11 @@ class Ingress:
                     # Not stored: not learned either (the message is sent again, or refused).
                     self._table.unlearn(session.id, message.from_)
                     raise
-        destinations = self._table.destinations(message.to, session.id)
+        destinations = self._monitor.receivers(message.to, session.id)
         remote = self._remote_domains(message.to, destinations.domains, session.id)
         if not destinations.known and not remote and self._catch_up is not None:
             await self._catch_up()
-            destinations = self._table.destinations(message.to, session.id)
+            destinations = self._monitor.receivers(message.to, session.id)
         if not destinations.known and not remote:
             if message.type == "response":
                 # Answering a response would start a loop of error answers; count and drop.
@@ -317,6 +325,8 @@ class Ingress:
         parts = [len(outboxes)] if len(outboxes) > 1 else None
         for outbox in outboxes:
             outbox.push(Outgoing(routed, session.id, upstream, pending, parts=parts))
+        if message.type != "response":
+            session.asked.note(message.id, message.to)
         self._routed.inc()
         return True
 
@@ -326,7 +336,7 @@ class Ingress:
         """The peer domains a message goes to (abroad.remote_domains)."""
         if self._abroad is None:
             return set()
-        return remote_domains(self._abroad.peers, self._table, addresses, session_id, subscribed)
+        return remote_domains(self._abroad.peers, self._monitor, addresses, session_id, subscribed)
 
     @staticmethod
     def _assert_identity(identity: Identity | None, message: Message) -> tuple[str, str | None]:

@@ -15,7 +15,7 @@ on this node's side (DESIGN §10):
 - it vouches only for identities of its own domain or of the identity providers the operator
   lists for it; any other ``assertedIdentity`` arrives as false;
 - its runtimes subscribe only to this domain's streams (``…/changes``, ``…/children/…``,
-  ``…/subscription``, ``…/registration``); each subscription names the peer runtime that asked,
+  ``…/registration``; access.py decides); each subscription names the peer runtime that asked,
   ends with it, passes this node's policy, and the peer's count is capped.
 
 Events in rooms this node writes itself are not the peer's to send: ignored (and refused by the
@@ -38,14 +38,14 @@ from appservice.api import MatrixError
 from appservice.intent import Intent
 
 from .. import carrier
+from ..access import AccessMonitor
+from ..addresses import domain_of as address_domain
 from ..carrier import Routed, Sender
 from ..envelope import (
     MAX_ADDRESS_BYTES,
     InvalidMessage,
     Message,
-    address_domain,
     answer,
-    is_stream_address,
     parse,
     with_body_fields,
 )
@@ -106,6 +106,7 @@ class PeerFeeds:
         delivery: Delivery,
         settlement: Settlement,
         table: RoutingTable,
+        monitor: AccessMonitor,
         remote: RemoteSubscriptionStore,
         policy: PolicyEngine,
         publisher: Publisher,
@@ -120,6 +121,7 @@ class PeerFeeds:
         self._delivery = delivery
         self._settlement = settlement
         self._table = table
+        self._monitor = monitor
         self._remote = remote
         self._policy = policy
         self._publisher = publisher
@@ -318,6 +320,18 @@ class PeerFeeds:
             log.warning("peer message from a foreign address dropped", peer=peer.domain)
             self._metrics.messages_in.labels("peer_foreign_sender").inc()
             return None
+        for address in message.to:
+            refused = self._monitor.send_to(None, address)
+            if refused is not None:
+                if message.type != "response":
+                    self._answer(peer, message, refused.code, refused.reason)
+                return None
+        if message.type == "response" and (
+            self._monitor.answer(message.to, message.id, message.from_) is not None
+        ):
+            # Nobody here asked that address: not an answer, whatever it says.
+            self._metrics.messages_in.labels("peer_unasked_response").inc()
+            return None
         if message.to_first == self._sm and message.from_.startswith(
             f"domain://msg-node.{peer.domain}/"
         ):
@@ -334,7 +348,7 @@ class PeerFeeds:
             if message.type != "response":
                 self._serve(peer, message)
             return None
-        if not self._table.destinations(message.to, None).known:
+        if not self._monitor.receivers(message.to, None).known:
             if message.type != "response":
                 self._answer(peer, message, 404, f"no route to {' '.join(message.to)}")
             return None
@@ -413,17 +427,11 @@ class PeerFeeds:
             self._table.unsubscribe_domain(peer.domain, runtime, addresses)
             return 200, "unsubscribed"
         for address in resources:
-            if not (
-                isinstance(address, str)
-                and len(address.encode()) <= MAX_ADDRESS_BYTES
-                and address_domain(address) == self._local
-                and is_stream_address(address)
-            ):
-                return (
-                    403,
-                    f"{address!r}: another domain's runtimes subscribe only to {self._local}'s "
-                    "data-object streams and registration status",
-                )
+            if not isinstance(address, str) or len(address.encode()) > MAX_ADDRESS_BYTES:
+                return 400, "body.resources must be a list of addresses"
+            refused = self._monitor.peer_subscribe_to(address)
+            if refused is not None:
+                return refused.code, refused.reason
             denied = self._policy.check_subscription(runtime, None, address)
             if denied is not None:
                 return 403, denied

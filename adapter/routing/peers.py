@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from ..addresses import domain_of as address_domain
 from ..config import FederationConfig
-from ..envelope import address_domain
 
 DEFAULT_BOT_LOCALPART = "_rethink_bot"
 # A failed discovery is tried again after this long, not on every message.

@@ -1,12 +1,11 @@
 """The policy engine: a hook on every message a runtime sends, before it is routed.
 
-Four kinds of decision, in this order:
-1. sender ownership: a runtime may not send from an address allocated to another runtime, nor
-   from an address of the node's own services (403);
-2. rate limiting: a token bucket per session (429), off unless configured;
-3. the configuration's rules: the first whose globs match the message's type, from and to
+Who may speak from which address is not decided here but by the reference monitor (access.py),
+before this engine is asked. Three kinds of decision, in this order:
+1. rate limiting: a token bucket per session (429), off unless configured;
+2. the configuration's rules: the first whose globs match the message's type, from and to
    decides (allow, or deny with a code and reason); no match goes on;
-4. the operator's rules managed at run time (adapter/policies: target, condition, effect,
+3. the operator's rules managed at run time (adapter/policies: target, condition, effect,
    combined by the configured algorithm, with the sender's verified identity as attributes);
    a deny is a 403 naming the rule.
 """
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import fnmatch
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -24,7 +22,6 @@ from ..envelope import Message
 from ..identity.model import Identity
 from ..policies.attributes import PolicyRequest
 from ..policies.engine import PolicyEngine as RuleEngine
-from ..routing_table import RoutingTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +39,8 @@ class _Bucket:
 
 
 class PolicyEngine:
-    def __init__(
-        self,
-        config: PolicyConfig,
-        table: RoutingTable,
-        is_service_address: Callable[[str], bool],
-        rules: RuleEngine | None = None,
-    ) -> None:
+    def __init__(self, config: PolicyConfig, rules: RuleEngine | None = None) -> None:
         self._config = config
-        self._table = table
-        self._is_service_address = is_service_address
         self._buckets: dict[int, _Bucket] = {}
         self._rules = [_CompiledRule(r) for r in config.rules]
         self.managed = rules
@@ -59,12 +48,6 @@ class PolicyEngine:
     def check(
         self, session_id: int, message: Message, identity: Identity | None = None
     ) -> Denial | None:
-        if self._is_service_address(message.from_):
-            return Denial(403, f"'{message.from_}' is an address of the node's own services")
-        if self._config.enforce_sender_ownership:
-            owner = self._table.allocated_owner(message.from_)
-            if owner is not None and owner != session_id:
-                return Denial(403, f"'{message.from_}' is allocated to another runtime")
         rate = self._config.rate_limit
         if rate.messages_per_second > 0 and not self._take_token(session_id):
             return Denial(429, f"rate limit of {rate.messages_per_second:g} messages/s exceeded")

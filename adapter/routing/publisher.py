@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 import structlog
 
+from ..access import AccessMonitor
 from ..carrier import Routed, Sender
 from ..envelope import dumps
-from ..routing_table import RoutingTable
 from ..sessions.mailbox import EPOCH_SHIFT
 from .lanes import Outbox, Outboxes, Outgoing
 from .peers import PeerRefused
@@ -37,12 +37,12 @@ class Publisher:
         self,
         outboxes: Outboxes,
         sender: Sender,
-        table: RoutingTable,
+        monitor: AccessMonitor,
         peers: PeerLinks | None = None,
     ) -> None:
         self._outboxes = outboxes
         self._sender = sender
-        self._table = table
+        self._monitor = monitor
         self._peers = peers
         self._number = 0
 
@@ -74,7 +74,7 @@ class Publisher:
         self._outboxes.for_node().push(Outgoing(routed, 0))
         if self._peers is None:
             return
-        for domain in sorted(self._table.destinations((to,), None).domains):
+        for domain in sorted(self._monitor.receivers((to,), None).domains):
             try:
                 link = await self._peers.link(domain)
             except PeerRefused as refused:

@@ -24,6 +24,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ..access import AccessMonitor
+from ..addresses import RESERVED_SCHEMES
 from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
 from ..storage.routes import RouteStore
@@ -43,6 +45,7 @@ class AllocationService:
         self,
         domain: str,
         table: RoutingTable,
+        monitor: AccessMonitor,
         store: RouteStore,
         max_block: int = 1000,
         quota: int = 100_000,
@@ -50,6 +53,7 @@ class AllocationService:
     ) -> None:
         self._domain = domain
         self._table = table
+        self._monitor = monitor
         self._store = store
         self._max_block = max_block
         self._quota = quota
@@ -78,6 +82,10 @@ class AllocationService:
             return "hyperty"
         if not isinstance(scheme, str) or not _SCHEME.match(scheme):
             return ServiceReply(400, desc=f"body.scheme {scheme!r} is not a URL scheme")
+        if scheme in RESERVED_SCHEMES:
+            # Runtimes, stubs, users and the node's services are not data objects: an address
+            # of theirs allocated to a runtime would speak for them.
+            return ServiceReply(403, desc=f"{scheme}:// addresses are not allocated to runtimes")
         return scheme
 
     async def _create(self, endpoint: str, body: dict[str, Any], who: Requester) -> ServiceReply:
@@ -100,7 +108,7 @@ class AllocationService:
         ):
             return ServiceReply(400, desc="body.value.allocationKey must be a non-empty string")
         addresses = [f"{scheme}://{self._domain}/{self._name(who, i)}" for i in range(number)]
-        if who.request is not None and self._table.allocated_owner(addresses[0]) == who.session_id:
+        if who.request is not None and self._table.allocated_to(who.session_id, addresses[0]):
             # This very request ran before the node's restart: same answer, nothing more held.
             return ServiceReply(200, value={"allocated": addresses}, affected=0)
         held = self._table.holdings(who.session_id).addresses
@@ -129,9 +137,9 @@ class AllocationService:
         for item in flatten_addresses([resource, children]):
             block = self._table.block(who.session_id, item)
             if not block:
-                owner = self._table.allocated_owner(item)
-                if owner is not None and owner != who.session_id:
-                    return ServiceReply(403, desc=f"{item!r} is allocated to another runtime")
+                refused = self._monitor.release_allocation(who, item)
+                if refused is not None:
+                    return ServiceReply(refused.code, desc=refused.reason)
             targets.update(block or (item,))
         removed = self._table.remove_allocations(who.session_id, targets)
         await self._store.remove_allocations(who.session_id, removed)

@@ -12,14 +12,12 @@ The subscriber is the requester. `body.source` may name one of the requester's o
 (403): nobody subscribes or unsubscribes for someone else. Addresses match exactly. A session
 holds at most its quota of subscriptions (429 beyond).
 
-Who may subscribe to what (DESIGN §10): a runtime subscribes to data-object streams
-(`<object>/changes`, `<object>/children/…`, `<object>/subscription`), to registration status
-(`<hyperty>/registration`), and to its own addresses, or addresses nobody holds (reTHINK runtimes
-subscribe their own protostubs' URLs). Another runtime's address itself (its runtimeURL, a
-hyperty, an object, anything under them) is never a subscription target: that would be a copy
-of its direct messages. Such a request is refused 403 as a whole; the phase-1 form's object
-itself is included only when the requester may subscribe to it. The policy engine then decides
-on each address (the operator's rules see a `subscribe` from the requester to that address).
+Who may subscribe to what is the reference monitor's rule (access.py, "Subscribe to"): data-object
+streams, registration status, the runtime's own addresses (and its objects' request channels
+`<object>/subscription`), and stubs' URLs; never another runtime's address. A request naming
+anything else is refused 403 as a whole; the phase-1 form's object itself is included only when
+the requester may subscribe to it. The policy engine then decides on each address (the
+operator's rules see a `subscribe` from the requester to that address).
 """
 
 from __future__ import annotations
@@ -27,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..envelope import MAX_ADDRESS_BYTES, Message, is_stream_address
+from ..access import AccessMonitor
+from ..addresses import spelling_problem
+from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
 from ..storage.routes import RouteStore
 from .base import Requester, ServiceReply
@@ -39,14 +39,15 @@ class SubscriptionService:
     def __init__(
         self,
         table: RoutingTable,
+        monitor: AccessMonitor,
         store: RouteStore,
         quota: int = 100_000,
         on_quota: Callable[[str], None] = lambda _name: None,
         on_change: Callable[[str, list[str], str], Awaitable[str | None]] | None = None,
         policy: Callable[[Requester, str], str | None] | None = None,
-        foreign: Callable[[str], bool] = lambda _address: False,
     ) -> None:
         self._table = table
+        self._monitor = monitor
         self._store = store
         self._quota = quota
         self._on_quota = on_quota
@@ -54,9 +55,6 @@ class SubscriptionService:
         # domains' nodes are asked for what is published to their streams; a reason it gives
         # undoes a subscription (a peer refused it).
         self._on_change = on_change
-        # Whether an address belongs to another domain: only its streams are subscribed to
-        # (this node cannot know who holds the rest).
-        self._foreign = foreign
         # The operator's rules on one subscription: a reason to refuse it, or None.
         self._policy = policy
 
@@ -67,14 +65,16 @@ class SubscriptionService:
             )
         subscriber = requester.session_id
         addresses = requested_resources(
-            message.type, message.body, lambda a: self.may_subscribe(subscriber, a)
+            message.type,
+            message.body,
+            lambda a: self._monitor.subscribe_to(requester, a) is None,
         )
         if isinstance(addresses, ServiceReply):
             return addresses
         source = message.body.get("source")
         if isinstance(source, str) and source:
-            owner = self._table.owner(source)
-            if owner is not None and owner != subscriber:
+            holder = self._monitor.holder(source)
+            if holder is not None and holder != subscriber:
                 return ServiceReply(403, desc=f"source {source!r} belongs to another runtime")
         if message.type == "subscribe":
             refusal = self._refusal(requester, addresses)
@@ -100,23 +100,11 @@ class SubscriptionService:
                 return ServiceReply(403, desc=refusal)
         return ServiceReply(200, affected=len(addresses))
 
-    def may_subscribe(self, session_id: int, address: str) -> bool:
-        """Whether the rule lets this session subscribe to ``address``."""
-        if is_stream_address(address):
-            return True
-        if self._foreign(address):
-            return False
-        holder = self._table.owner(address)
-        return holder is None or holder == session_id
-
     def _refusal(self, requester: Requester, addresses: list[str]) -> str | None:
         for address in addresses:
-            if not self.may_subscribe(requester.session_id, address):
-                return (
-                    f"{address!r} belongs to another runtime: a runtime subscribes to data-object "
-                    "streams (…/changes, …/children/…, …/subscription), registration status "
-                    "(…/registration) and its own addresses"
-                )
+            refused = self._monitor.subscribe_to(requester, address)
+            if refused is not None:
+                return refused.reason
             if self._policy is not None:
                 denied = self._policy(requester, address)
                 if denied is not None:
@@ -155,6 +143,10 @@ def requested_resources(
     ]
     if bad:
         return ServiceReply(400, desc="every resource must be a non-empty address string")
+    for resource in found:
+        problem = spelling_problem(resource)
+        if problem is not None:
+            return ServiceReply(400, desc=problem)
     return list(dict.fromkeys(found))
 
 

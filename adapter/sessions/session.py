@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..carrier import Sender
 from ..identity.model import Identity
@@ -30,11 +32,43 @@ class AckHello:
     received: int  # the highest delivery number it has
 
 
+# Requests a runtime sent that it may still be answered, at most (the oldest are forgotten: an
+# answer to one of those is refused as one to a request never sent).
+ASKED_REQUESTS = 4096
+
+
+class AskedRequests:
+    """What a runtime asked and where: so that an answer is taken only from an address its
+    request went to (access.py, "Answer"). Bounded, the oldest forgotten first."""
+
+    __slots__ = ("_asked",)
+
+    def __init__(self) -> None:
+        self._asked: OrderedDict[Any, tuple[str, ...]] = OrderedDict()
+
+    def note(self, request_id: Any, to: tuple[str, ...]) -> None:
+        key = _request_key(request_id)
+        earlier = self._asked.pop(key, None)
+        self._asked[key] = to if earlier is None else tuple(dict.fromkeys(earlier + to))
+        if len(self._asked) > ASKED_REQUESTS:
+            self._asked.popitem(last=False)
+
+    def went_to(self, request_id: Any) -> tuple[str, ...]:
+        """Where the request went; empty when it was never sent (or is forgotten)."""
+        return self._asked.get(_request_key(request_id), ())
+
+
+def _request_key(request_id: Any) -> Any:
+    # 1 and "1" are two ids; 1 and 1.0 are one (JSON does not tell them apart).
+    return (True, request_id) if isinstance(request_id, str) else (False, request_id)
+
+
 class Session:
     __slots__ = (
         "_identity",
         "_node_numbered",
         "_senders",
+        "asked",
         "attachment",
         "detached_at",
         "id",
@@ -80,6 +114,11 @@ class Session:
         # Handed a session token: resumed only by a connection presenting it (or the identity).
         self.protected = protected
         self._node_numbered = epoch << EPOCH_SHIFT
+        self.asked = AskedRequests()
+
+    @property
+    def session_id(self) -> int:
+        return self.id
 
     @property
     def identity(self) -> Identity | None:

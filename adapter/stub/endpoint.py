@@ -18,6 +18,7 @@ import orjson
 import structlog
 from aiohttp import WSMsgType, web
 
+from ..addresses import runtime_url_problem
 from ..config import StubConfig
 from ..envelope import InvalidMessage, control_error, dumps
 from ..identity.authenticator import Authenticator, parse_credential
@@ -46,7 +47,6 @@ from .protocol import (
     connect_answer,
     hello_from_query,
     parse_hello,
-    runtime_url_problem,
     split_numbered,
     wire_number,
 )
@@ -134,7 +134,7 @@ class StubEndpoint:
         answer = query.get("hello") == "1" or hello is not None
         if runtime_url is not None:
             # v2: everything is in the query, so a refusal is the upgrade's HTTP status.
-            problem = runtime_url_problem(runtime_url)
+            problem = runtime_url_problem(runtime_url, self._domain)
             if problem is not None:
                 raise web.HTTPBadRequest(text=problem)
             if not answer and self._config.tokenless_sessions == "refuse":
@@ -443,7 +443,7 @@ class StubEndpoint:
             )
             return attachment
         runtime_url = data.get("runtimeURL")
-        problem = runtime_url_problem(runtime_url)
+        problem = runtime_url_problem(runtime_url, self._domain)
         if problem is not None:
             await conn.send(
                 control_error(400, f"connect needs data.runtimeURL: {problem}", cmd="connect")

@@ -11,15 +11,13 @@ import re
 from typing import Any
 
 from ..carrier import MAX_NUMBER
-from ..envelope import MAX_ADDRESS_BYTES, dumps
+from ..envelope import dumps
 from ..sessions.session import AckHello
 
 ACK_VERSION = 1
 _STUB_ID = re.compile(r"^[A-Za-z0-9_-]{8,32}$")
 # Sequence and delivery numbers travel in lane events as JSON integers: at most MAX_NUMBER.
 _DIGITS = re.compile(r"[0-9]{1,16}")
-# Control characters have no place in a runtime URL; refusing them keeps logs and lookups sane.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class BadHello(Exception):
@@ -34,21 +32,6 @@ def wire_number(value: Any) -> int | None:
     """``value`` as a sequence or delivery number (an integer in 0 … 2^53 - 1), else None."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_NUMBER:
         return value
-    return None
-
-
-def runtime_url_problem(runtime_url: Any) -> str | None:
-    """Why ``runtime_url`` cannot name a runtime, or None when it can."""
-    if not isinstance(runtime_url, str) or not runtime_url.strip():
-        return "runtimeURL must be a non-empty string"
-    try:
-        size = len(runtime_url.encode())
-    except UnicodeEncodeError:
-        return "runtimeURL is not valid Unicode"
-    if size > MAX_ADDRESS_BYTES:
-        return f"runtimeURL is longer than {MAX_ADDRESS_BYTES} bytes"
-    if _CONTROL.search(runtime_url):
-        return "runtimeURL holds control characters"
     return None
 
 

@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from adapter.access import AccessMonitor
 from adapter.carrier import Routed, Sender
 from adapter.config import FederationConfig, PeerConfig
 from adapter.observability import NodeMetrics
@@ -70,7 +71,7 @@ async def test_each_lane_message_goes_on_to_the_domains_it_is_for_and_settles_af
     async with aiohttp.ClientSession() as http:
         links = Links(peers(http))
         registry = CollectorRegistry()
-        onward = Onward(links, table(), NodeMetrics(registry))
+        onward = Onward(links, AccessMonitor("a.example", table()), NodeMetrics(registry))
         ticket = Ticket("$e1")
         # To an address of b; to one of a's own (no peer); to a stream c subscribed to; to b
         # and a stream of c at once; from a peer's runtime (relayed here: never sent on); to

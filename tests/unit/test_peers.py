@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from adapter.access import AccessMonitor
 from adapter.config import FederationConfig, PeerConfig
 from adapter.routing.peers import PeerRefused, Peers
 from adapter.routing_table import RoutingTable
@@ -83,13 +84,18 @@ def test_other_domains_subscriptions_are_destinations() -> None:
     table.subscribe_domain("b.example", "runtime://b.example/1", ["comm://a/o/changes"])
     table.subscribe_domain("b.example", "runtime://b.example/2", ["comm://a/o/changes"])
     table.subscribe_domain("c.example", "runtime://c.example/1", ["comm://a/o/changes"])
-    found = table.destinations(("comm://a/o/changes",), None)
+    found = AccessMonitor("a", table).receivers(("comm://a/o/changes",), None)
     assert found.sessions == {1} and found.domains == {"b.example", "c.example"}
     # A domain stays a destination while any of its runtimes holds the subscription.
     table.unsubscribe_domain("b.example", "runtime://b.example/1", ["comm://a/o/changes"])
-    assert table.destinations(("comm://a/o/changes",), None).domains == {"b.example", "c.example"}
+    assert AccessMonitor("a", table).receivers(("comm://a/o/changes",), None).domains == {
+        "b.example",
+        "c.example",
+    }
     table.unsubscribe_domain("b.example", "runtime://b.example/2")  # its session ended
-    assert table.destinations(("comm://a/o/changes",), None).domains == {"c.example"}
+    assert AccessMonitor("a", table).receivers(("comm://a/o/changes",), None).domains == {
+        "c.example"
+    }
     table.unsubscribe(1, ["comm://a/o/changes"])
     table.unsubscribe_domain("c.example", "runtime://c.example/1", ["comm://a/o/changes"])
-    assert not table.destinations(("comm://a/o/changes",), None).known
+    assert not AccessMonitor("a", table).receivers(("comm://a/o/changes",), None).known

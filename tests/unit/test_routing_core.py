@@ -11,6 +11,7 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
+from adapter.access import AccessMonitor
 from adapter.carrier import Routed
 from adapter.config import PolicyConfig, PolicyRule, QuotaConfig
 from adapter.envelope import Message
@@ -24,7 +25,6 @@ from adapter.routing.policy import PolicyEngine
 from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
-from adapter.services.registry import node_addresses
 from adapter.sessions.mailbox import Mailbox, Parcel
 from adapter.sessions.session import Attachment, Session
 from adapter.sessions.upstream import Pending, Upstream
@@ -74,7 +74,7 @@ async def attached(session: Session, acking: bool = False) -> FakeLink:
 
 
 def routed(session: Session, n: int, to: str, origin: str | None = None) -> Routed:
-    text = orjson.dumps({"id": n, "type": "update", "from": "x", "to": to}).decode()
+    text = orjson.dumps({"id": n, "type": "update", "from": "hyperty://d/x", "to": to}).decode()
     return Routed(text, (to,), session.sender(origin or f"{session.key}.s"), n)
 
 
@@ -88,7 +88,7 @@ async def test_delivery_fans_out_drops_what_was_routed_before_and_seals_the_even
     table.subscribe(2, ["comm://o/changes"])
     table.subscribe(3, ["comm://o/changes"])
     links = [await attached(sub1), await attached(sub2)]
-    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
     ledger = LaneLedger("!lane")
     ticket = ledger.open("$e1")
     await delivery.deliver([routed(sender, 1, "comm://o/changes")], ticket)
@@ -108,7 +108,7 @@ async def test_a_delivery_to_an_acknowledging_stub_holds_the_event_until_acknowl
     sender, receiver = sessions.add(1, table), sessions.add(2, table)
     table.add_allocations(2, ["hyperty://d/r"], None)
     link = await attached(receiver, acking=True)
-    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
     ledger = LaneLedger("!lane")
     ticket = ledger.open("$e1")
     await delivery.deliver([routed(sender, 5, "hyperty://d/r")], ticket)
@@ -128,7 +128,7 @@ async def test_a_delivery_that_fails_midway_is_delivered_again_from_where_it_fai
     sender, receiver = sessions.add(1, table), sessions.add(2, table)
     table.add_allocations(2, ["hyperty://d/r"], None)
     link = await attached(receiver)
-    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
     deliver = receiver.mailbox.deliver
     calls = {"n": 0}
 
@@ -156,7 +156,7 @@ async def test_a_destination_gone_before_delivery_is_answered_to_its_sender() ->
     sender = sessions.add(1, table)
     table.add_allocations(1, ["comm://d/o"], None)
     link = await attached(sender)
-    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
     await delivery.deliver([routed(sender, 1, "runtime://d/gone")], None)
     [answer] = link.messages()
     assert answer["id"] == 1 and answer["body"]["code"] == 404  # type: ignore[index]
@@ -172,7 +172,7 @@ async def test_what_a_released_session_had_not_received_is_answered_to_its_sende
     sender, gone = sessions.add(1, table), sessions.add(2, table)
     link = await attached(sender)
     gone.released = True
-    delivery = Delivery(table, sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
     parcels = [
         Parcel(routed(sender, 7, "hyperty://d/r").text, f"{sender.key}.s", 7),
         Parcel(routed(gone, 8, "hyperty://d/r").text, f"{gone.key}.s", 8),
@@ -336,11 +336,12 @@ def ingress_for(
     services.add_endpoint("echo", EchoService())
     return Ingress(
         table,
+        AccessMonitor(D, table),
         services,
         outboxes,
         Journal(None),
         Routes(),  # type: ignore[arg-type]
-        PolicyEngine(PolicyConfig(rules=list(rules)), table, node_addresses(D)),
+        PolicyEngine(PolicyConfig(rules=list(rules))),
         lambda origin: marks.get(origin, 0),
         metrics(),
         quotas or QuotaConfig(),
@@ -371,7 +372,7 @@ async def test_the_ingress_serves_routes_and_refuses() -> None:
     ingress = ingress_for(table, outboxes, {}, [PolicyRule(type="forbidden", action="deny")])
     attachment = Attachment(me, link, None, False)
 
-    await decide(ingress, attachment, frame(1, f"domain://msg-node.{D}/echo", "read"))
+    await decide(ingress, attachment, frame(1, f"domain://msg-node.{D}/echo", type_="read"))
     await decide(ingress, attachment, frame(2, "hyperty://mn.test/b"))
     await decide(ingress, attachment, frame(3, "hyperty://mn.test/nobody"))
     await decide(ingress, attachment, frame(4, "hyperty://mn.test/b", type_="forbidden"))
@@ -390,6 +391,7 @@ async def test_numbered_messages_are_done_when_answered_or_carried_and_resends_s
     sessions = Sessions()
     me = sessions.add(1, table)
     sessions.add(2, table)
+    table.add_allocations(1, ["hyperty://mn.test/a"], None)
     table.add_allocations(2, ["hyperty://mn.test/b"], None)
     link = await attached(me, acking=True)
     acks: list[int] = []
@@ -417,6 +419,7 @@ async def test_a_plain_stub_is_refused_with_503_when_the_homeserver_cannot_take_
     sessions = Sessions()
     me = sessions.add(1, table)
     sessions.add(2, table)
+    table.add_allocations(1, ["hyperty://mn.test/a"], None)
     table.add_allocations(2, ["hyperty://mn.test/b"], None)
     link = await attached(me)
     outboxes = Outboxes()

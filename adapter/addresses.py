@@ -1,0 +1,146 @@
+"""reTHINK addresses: the one spelling the node accepts, and the kinds of address there are.
+
+An address names something a principal may hold (a runtime, a hyperty, a data object and its
+streams, a user) or one of the node's services. Every decision about who may use an address
+compares strings exactly, so two spellings of one address must never both get in: a host in
+capitals, a trailing dot or an invisible character would otherwise name the same thing to a
+reader and another thing to the node. Addresses are therefore checked once, where they enter
+(a runtime's message, a service request's body, a peer's message, a runtimeURL), and refused
+unless they are already written in the one canonical form; after that they are compared as
+plain strings (docs/stub-protocol.md, "Addresses").
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Schemes whose addresses the node never allocates to a runtime: a runtime's own URL, a stub's
+# URL, the node's services, the global registry and users (held by verified identities).
+RUNTIME_SCHEME = "runtime"
+STUB_SCHEME = "hyperty-runtime"
+SERVICE_SCHEMES = frozenset({"domain", "global"})
+USER_SCHEME = "user"
+RESERVED_SCHEMES = frozenset({RUNTIME_SCHEME, STUB_SCHEME, USER_SCHEME, *SERVICE_SCHEMES})
+
+# <scheme>://<authority>: the scheme in lower case, as URLs define it.
+_SHAPE = re.compile(r"([a-z][a-z0-9+.\-]{0,31})://([^/?#]*)")
+# Space and the ASCII control characters: never part of an address.
+_ASCII_INVISIBLE = re.compile(r"[\x00-\x20\x7f]")
+# Unicode categories that show nothing (or move the text around) where they stand: controls
+# (C0 and C1), format characters (zero-width spaces and joiners, bidirectional marks),
+# surrogates, private use, unassigned code points, and every kind of space or line separator.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
+# The opaque part of a runtimeURL: one path segment of URL-safe characters.
+_RUNTIME_ID = re.compile(r"[A-Za-z0-9._~%\-]{1,128}")
+
+
+def invisible_character(text: str) -> str | None:
+    """The first character of ``text`` that a reader would not see, as ``U+XXXX``, or None."""
+    if text.isascii():
+        found = _ASCII_INVISIBLE.search(text)
+        return None if found is None else f"U+{ord(found.group()):04X}"
+    for char in text:
+        if unicodedata.category(char) in _INVISIBLE_CATEGORIES:
+            return f"U+{ord(char):04X}"
+    return None
+
+
+def spelling_problem(address: str) -> str | None:
+    """Why ``address`` is not an address in its one canonical spelling, or None when it is.
+
+    Canonical: ``<scheme>://<host>[/<path>]`` with scheme and host in lower case, no trailing
+    dot on the host, and no invisible character anywhere. The path is kept as written (paths
+    are case-sensitive)."""
+    shape = _SHAPE.match(address)
+    if shape is None:
+        return f"{address!r} is not an address: <scheme>://<host>/… with the scheme in lower case"
+    authority = shape.group(2)
+    if not authority:
+        return f"{address!r} names no host"
+    invisible = invisible_character(address)
+    if invisible is not None:
+        return f"an address must not hold invisible or control characters ({invisible})"
+    if authority != authority.lower():
+        return f"{address!r}: write the host in lower case"
+    host = authority.rpartition("@")[2]
+    if host.rsplit(":", 1)[0].endswith(".") or host.endswith("."):
+        return f"{address!r}: write the host without a trailing dot"
+    return None
+
+
+def scheme_of(address: str) -> str:
+    return address.partition("://")[0]
+
+
+def host_of(address: str) -> str:
+    """The host of a canonical address (``user://gmail.com/alice`` → ``gmail.com``)."""
+    rest = address.partition("://")[2]
+    return rest.split("/", 1)[0].rpartition("@")[2]
+
+
+def domain_of(address: str) -> str | None:
+    """The reTHINK domain an address belongs to: ``hyperty://example.org/x`` and
+    ``domain://registry.example.org`` are both ``example.org``."""
+    scheme, sep, _ = address.partition("://")
+    if not sep:
+        return None
+    host = host_of(address)
+    if scheme == "domain":
+        label, dot, parent = host.partition(".")
+        if dot and label in _SERVICE_LABELS:
+            return parent
+    return host or None
+
+
+_SERVICE_LABELS = frozenset({"msg-node", "registry", "idm"})
+
+
+def runtime_url_problem(runtime_url: object, domain: str) -> str | None:
+    """Why ``runtime_url`` cannot name a runtime of ``domain``, or None when it can.
+
+    A runtimeURL is ``runtime://<domain>/<opaque id>``: in this domain, one path segment long,
+    so that it is the parent of nothing but its own subtree."""
+    if not isinstance(runtime_url, str) or not runtime_url:
+        return "runtimeURL must be a non-empty string"
+    try:
+        runtime_url.encode()
+    except UnicodeEncodeError:
+        return "runtimeURL is not valid Unicode"
+    problem = spelling_problem(runtime_url)
+    if problem is not None:
+        return f"runtimeURL: {problem}"
+    prefix = f"{RUNTIME_SCHEME}://{domain}/"
+    if not runtime_url.startswith(prefix) or not _RUNTIME_ID.fullmatch(runtime_url[len(prefix) :]):
+        return (
+            f"runtimeURL must be {prefix}<id>, the id one segment of at most 128 characters "
+            "A-Z a-z 0-9 . _ ~ % -"
+        )
+    return None
+
+
+# -- what an address is for ----------------------------------------------------------------------
+
+CHANGES_SUFFIX = "/changes"
+REGISTRATION_SUFFIX = "/registration"
+SUBSCRIPTION_SUFFIX = "/subscription"
+CHILDREN_INFIX = "/children/"
+_STREAM_SUFFIXES = (CHANGES_SUFFIX, REGISTRATION_SUFFIX)
+
+
+def is_stream_address(address: str) -> bool:
+    """Whether ``address`` is a stream others may subscribe to: a data object's changes
+    (``<object>/changes``) or children (``<object>/children/<name>``), or a hyperty's
+    registration status (``<hyperty>/registration``). ``<object>/subscription`` is not one: it
+    is the channel on which observers ask the object's reporter to let them in, and only the
+    reporter may read what arrives there."""
+    return address.endswith(_STREAM_SUFFIXES) or CHILDREN_INFIX in address
+
+
+def stream_parent(address: str) -> str | None:
+    """The object (or hyperty) a stream or request-channel address belongs to, or None."""
+    for suffix in (CHANGES_SUFFIX, REGISTRATION_SUFFIX, SUBSCRIPTION_SUFFIX):
+        if address.endswith(suffix):
+            return address[: -len(suffix)] or None
+    cut = address.find(CHILDREN_INFIX)
+    return address[:cut] if cut > 0 else None

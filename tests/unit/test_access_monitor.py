@@ -1,0 +1,279 @@
+"""The reference monitor's table of rules (adapter/access.py, DESIGN.md section 10): every
+principal, every operation, on its own, another's and nobody's addresses.
+
+Each row says what the monitor must answer; a row is a promise, not an attack. ALICE is an
+anonymous runtime, BOB a runtime with a verified identity; both are sessions of domain ``d``,
+which federates with ``peer.example``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from adapter.access import LEARN, OWN, AccessMonitor, Refusal
+from adapter.addresses import runtime_url_problem, spelling_problem
+from adapter.identity.model import Identity
+from adapter.routing_table import RoutingTable
+from adapter.sessions.session import AskedRequests
+
+ALICE_ID, BOB_ID = 1, 2
+BOB_IDENTITY = Identity(
+    user_id="user://idp.example/bob",
+    idp_domain="idp.example",
+    method="oidc",
+    authenticated=True,
+    issuer="https://idp.example",
+    subject="bob",
+)
+
+
+@dataclass(frozen=True)
+class Who:
+    session_id: int
+    runtime_url: str
+    identity: Identity | None = None
+
+
+ALICE = Who(ALICE_ID, "runtime://d/alice")
+BOB = Who(BOB_ID, "runtime://d/bob", BOB_IDENTITY)
+
+# What each address is, seen from ALICE.
+OWN_ADDRESSES = [
+    "runtime://d/alice",
+    "runtime://d/alice/registry/allocation",
+    "hyperty://d/a",
+    "hyperty://d/a/inner",
+    "comm://d/ao",
+]
+ANOTHERS = [
+    "runtime://d/bob",
+    "runtime://d/bob/sm",
+    "hyperty://d/b",
+    "comm://d/bo",
+    "user://idp.example/bob",  # learned by BOB, whose verified identity it is
+    "hyperty://elsewhere.example/learned-by-bob",
+]
+NOBODYS = [
+    "hyperty://d/released",  # this domain's allocation space
+    "comm://d/released",
+    "runtime://d/nobody",
+    "runtime://elsewhere.example/1",
+    "hyperty-runtime://d/protostub/1",
+    "user://idp.example/carol",
+    "hyperty://peer.example/x",
+]
+SERVICES = ["domain://msg-node.d/sm", "domain://registry.d", "global://registry", "domain://idm.d"]
+STREAMS = ["comm://d/bo/changes", "comm://d/bo/children/chat", "hyperty://d/b/registration"]
+
+
+def _monitor() -> tuple[AccessMonitor, RoutingTable, dict[int, AskedRequests]]:
+    table = RoutingTable()
+    table.add_runtime(ALICE_ID, ALICE.runtime_url)
+    table.add_allocations(ALICE_ID, ["hyperty://d/a", "comm://d/ao"], None)
+    table.add_runtime(BOB_ID, BOB.runtime_url)
+    table.add_allocations(BOB_ID, ["hyperty://d/b", "comm://d/bo"], None)
+    table.learn(BOB_ID, "user://idp.example/bob")
+    table.learn(BOB_ID, "hyperty://elsewhere.example/learned-by-bob")
+    asked = {ALICE_ID: AskedRequests(), BOB_ID: AskedRequests()}
+    monitor = AccessMonitor("d", table, ["peer.example"], asked.get)
+    return monitor, table, asked
+
+
+# -- speak from --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("address", OWN_ADDRESSES)
+def test_a_runtime_speaks_from_what_it_holds(address: str) -> None:
+    monitor, _, _ = _monitor()
+    assert monitor.speak_from(ALICE, address) == OWN
+
+
+@pytest.mark.parametrize("address", ANOTHERS + SERVICES + STREAMS[:2])
+def test_a_runtime_never_speaks_from_anothers_address(address: str) -> None:
+    monitor, _, _ = _monitor()
+    verdict = monitor.speak_from(ALICE, address)
+    assert isinstance(verdict, Refusal) and verdict.code == 403, verdict
+
+
+@pytest.mark.parametrize("address", [a for a in NOBODYS if not a.startswith("hyperty://elsewhere")])
+def test_nothing_of_this_domain_a_runtime_a_user_or_a_peer_is_taken_by_first_use(
+    address: str,
+) -> None:
+    monitor, _, _ = _monitor()
+    verdict = monitor.speak_from(ALICE, address)
+    assert isinstance(verdict, Refusal) and verdict.code == 403, verdict
+
+
+def test_an_unknown_domains_address_is_learned_and_a_verified_user_speaks_as_itself() -> None:
+    monitor, table, _ = _monitor()
+    assert monitor.speak_from(ALICE, "hyperty://elsewhere.example/mine") == LEARN
+    carol = Who(3, "runtime://d/carol", BOB_IDENTITY)  # the same identity, another runtime
+    assert monitor.speak_from(carol, "user://idp.example/bob") == Refusal(
+        403, "'user://idp.example/bob' is in use by another runtime"
+    )
+    table.remove_session(BOB_ID)
+    # The verified identity speaks from its own user URL; nobody else does.
+    assert monitor.speak_from(carol, "user://idp.example/bob") == LEARN
+    assert isinstance(monitor.speak_from(ALICE, "user://idp.example/bob"), Refusal)
+
+
+# -- receive at ---------------------------------------------------------------------------------
+
+
+def test_the_holder_receives_and_subscribers_receive_streams_and_nobodys_only() -> None:
+    monitor, table, _ = _monitor()
+    table.subscribe(ALICE_ID, ["comm://d/bo/changes", "hyperty-runtime://d/protostub/1"])
+    # Subscriptions the monitor would refuse today, kept from an older node.
+    table.subscribe(ALICE_ID, ["hyperty://d/b", "comm://d/bo/subscription"])
+    assert monitor.receivers(["hyperty://d/b"], None).sessions == {BOB_ID}
+    assert monitor.receivers(["runtime://d/bob/sm"], None).sessions == {BOB_ID}
+    assert monitor.receivers(["comm://d/bo/subscription"], None).sessions == {BOB_ID}
+    assert monitor.receivers(["comm://d/bo/changes"], BOB_ID).sessions == {ALICE_ID}
+    assert monitor.receivers(["hyperty-runtime://d/protostub/1"], None).sessions == {ALICE_ID}
+    assert not monitor.receivers(["hyperty://d/released"], None).known
+
+
+def test_other_domains_receive_streams_only() -> None:
+    monitor, table, _ = _monitor()
+    table.subscribe_domain("peer.example", "runtime://peer.example/1", ["hyperty://d/b"])
+    table.subscribe_domain("peer.example", "runtime://peer.example/1", ["comm://d/bo/changes"])
+    assert monitor.receivers(["hyperty://d/b"], ALICE_ID).domains == frozenset()
+    assert monitor.receivers(["comm://d/bo/changes"], BOB_ID).domains == {"peer.example"}
+
+
+# -- send to ------------------------------------------------------------------------------------
+
+
+def test_only_the_node_publishes_registration_status_and_only_the_reporter_changes() -> None:
+    monitor, _, _ = _monitor()
+    for sender in (ALICE_ID, BOB_ID, None):
+        refused = monitor.send_to(sender, "hyperty://d/b/registration")
+        assert refused is not None and refused.code == 403
+    assert monitor.send_to(BOB_ID, "comm://d/bo/changes") is None
+    for sender in (ALICE_ID, None):
+        refused = monitor.send_to(sender, "comm://d/bo/changes")
+        assert refused is not None and refused.code == 403
+    # Anyone may add to an object's children (a group chat's messages).
+    assert monitor.send_to(ALICE_ID, "comm://d/bo/children/chat") is None
+    # A peer's own object's changes are the peer's to publish.
+    assert monitor.send_to(None, "comm://peer.example/o/changes") is None
+
+
+# -- subscribe to -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address",
+    [*STREAMS, *OWN_ADDRESSES, "comm://d/ao/subscription", "hyperty-runtime://d/protostub/1"],
+)
+def test_a_runtime_subscribes_to_streams_its_own_addresses_and_stub_urls(address: str) -> None:
+    monitor, _, _ = _monitor()
+    assert monitor.subscribe_to(ALICE, address) is None
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        *ANOTHERS,
+        *SERVICES,
+        "comm://d/bo/subscription",  # another's object's request channel
+        *[a for a in NOBODYS if not a.startswith("hyperty-runtime")],
+    ],
+)
+def test_a_runtime_never_subscribes_to_what_is_or_may_become_anothers(address: str) -> None:
+    monitor, _, _ = _monitor()
+    refused = monitor.subscribe_to(ALICE, address)
+    assert refused is not None and refused.code == 403
+
+
+def test_a_peer_subscribes_to_this_domains_streams_only() -> None:
+    monitor, _, _ = _monitor()
+    for stream in STREAMS:
+        assert monitor.peer_subscribe_to(stream) is None
+    for address in ["comm://d/bo/subscription", "hyperty://d/b", "runtime://d/bob", "x://d/o"]:
+        assert monitor.peer_subscribe_to(address) is not None
+    assert monitor.peer_subscribe_to("comm://peer.example/o/changes") is not None
+
+
+# -- allocations and registrations --------------------------------------------------------------
+
+
+def test_a_runtime_releases_and_registers_only_what_it_was_allocated() -> None:
+    monitor, _, _ = _monitor()
+    assert monitor.release_allocation(ALICE, "hyperty://d/a") is None
+    assert monitor.release_allocation(ALICE, "hyperty://d/b") is not None
+    assert monitor.release_allocation(ALICE, "hyperty://d/released") is None  # nothing to do
+    assert monitor.register(ALICE, "hyperty://d/a", "runtime://d/alice") is None
+    assert monitor.register(ALICE, "comm://d/ao", None) is None
+    for url, runtime in [
+        ("hyperty://d/b", "runtime://d/alice"),  # another's hyperty
+        ("hyperty://d/released", "runtime://d/alice"),  # nobody's
+        ("hyperty://elsewhere.example/x", "runtime://d/alice"),  # not this domain's
+        ("hyperty://d/a", "runtime://d/bob"),  # under another runtime
+    ]:
+        refused = monitor.register(ALICE, url, runtime)
+        assert refused is not None and refused.code == 403, url
+
+
+# -- answer -------------------------------------------------------------------------------------
+
+
+def test_a_response_comes_only_from_where_its_request_went() -> None:
+    monitor, _, asked = _monitor()
+    asked[ALICE_ID].note(7, ("hyperty://d/b",))
+    assert monitor.answer(("hyperty://d/a",), 7, "hyperty://d/b") is None
+    assert monitor.answer(("hyperty://d/a",), 7, "hyperty://d/evil") is not None
+    assert monitor.answer(("hyperty://d/a",), "7", "hyperty://d/b") is not None  # another id
+    assert monitor.answer(("hyperty://d/a",), 8, "hyperty://d/b") is not None  # never asked
+    # A requester this process does not hold: its own node (or process) judges.
+    assert monitor.answer(("hyperty://elsewhere.example/r",), 8, "hyperty://d/b") is None
+
+
+# -- one spelling -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "DOMAIN://registry.d",
+        "domain://Registry.d",
+        "domain://registry.d.",
+        "global://REGISTRY/",
+        "domain://registry.d\u200b",
+        "hyperty://d/a\u2028",
+        "hyperty://d/a\u0085",
+        "hyperty://d/a b",
+        "hyperty:/d/a",
+        "hyperty://",
+        "no-scheme",
+    ],
+)
+def test_an_address_has_one_spelling(spelling: str) -> None:
+    assert spelling_problem(spelling) is not None
+
+
+def test_canonical_addresses_pass_as_written() -> None:
+    for address in [*OWN_ADDRESSES, *ANOTHERS, *NOBODYS, *SERVICES, *STREAMS, "comm://d/Ä/ÖPath"]:
+        assert spelling_problem(address) is None, address
+
+
+def test_a_runtime_url_is_an_opaque_id_in_this_domain() -> None:
+    assert runtime_url_problem("runtime://d/1", "d") is None
+    assert runtime_url_problem("runtime://d/3f0c-ab_9.x~%20", "d") is None
+    for bad in [
+        "runtime://other/1",
+        "runtime://d/1/2",
+        "runtime://d/",
+        "user://d/1",
+        "hyperty://d/1",
+        "hyperty-runtime://d/1",
+        "runtime://D/1",
+        "runtime://d/1\u200b",
+        "runtime://d/" + "x" * 129,
+        "",
+        5,
+        None,
+    ]:
+        assert runtime_url_problem(bad, "d") is not None, bad
