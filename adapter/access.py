@@ -156,10 +156,15 @@ class AccessMonitor:
         """Why nobody may take ``address`` by speaking from it (None: an address of a domain
         the node knows nothing about, or the principal's own verified user URL)."""
         scheme = scheme_of(address)
-        if scheme in (RUNTIME_SCHEME, STUB_SCHEME):
+        if scheme == RUNTIME_SCHEME:
             return Refusal(
                 403, f"'{address}' is not this runtime's: a runtime speaks from its own runtimeURL"
             )
+        if scheme == STUB_SCHEME:
+            # A stub's URL (hyperty-runtime://<domain>/protostub/<n>) is a name its runtime
+            # chooses and nothing vouches for; it carries the stub's requests and the answers
+            # to them, so it is learned while nobody else uses it.
+            return None
         if scheme == USER_SCHEME:
             if _verified_user_url(who.identity) == address:
                 return None

@@ -223,6 +223,7 @@ class Node:
             lambda parcels: self._spawn(self.delivery.unreceived(parcels)),
             process,
             self._take_sessions_of if process is not None else None,
+            self._claim_in_use,
         )
         self.metrics.sessions.set_function(lambda: len(self.sessions))
         self.metrics.tasks.set_function(lambda: len(asyncio.all_tasks()))
@@ -282,7 +283,7 @@ class Node:
         )
         # The domain registry, answered from the node's database unless one is configured.
         self.registry: BuiltinRegistry | None = build_builtin_registry(
-            cfg.registry, self.db, self.publisher.registration_status
+            cfg.registry, self.db, self.publisher.registration_status, monitor=self.monitor
         )
         if self.registry is not None:
             self._follow_presence(lifecycle, self.registry)
@@ -527,6 +528,11 @@ class Node:
                 return lane.delivered_number
         return None
 
+    async def _claim_in_use(self, claim: str) -> bool:
+        """Whether anything is still registered under a runtime credential's claim (only the
+        built-in registry's entries are known to this node)."""
+        return self.registry is not None and await self.registry.backend.claim_in_use(claim)
+
     def _asked_by(self, session_id: int) -> AskedRequests | None:
         session = self.sessions.get(session_id)
         return session.asked if session is not None else None
@@ -570,7 +576,7 @@ class Node:
         presence = registry.presence
 
         def when_running(hook: Callable[[str], Coroutine[Any, Any, None]]) -> Any:
-            return lambda s: self._spawn(hook(s.runtime_url)) if self.running else None
+            return lambda s: self._spawn(hook(s.claim)) if self.running else None
 
         lifecycle.detached.append(when_running(presence.runtime_away))
         lifecycle.attached.append(when_running(presence.runtime_back))

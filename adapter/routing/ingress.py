@@ -378,7 +378,10 @@ class Ingress:
         request = f"{upstream.origin}#{pending.seq}" if upstream and pending else None
         try:
             reply = await service.handle(
-                message, Requester(session.id, session.runtime_url, session.identity, request)
+                message,
+                Requester(
+                    session.id, session.runtime_url, session.identity, request, session.claim
+                ),
             )
         except Exception:
             log.exception("MN service failed", to=message.to_first, type=message.type)

@@ -39,6 +39,8 @@ class Requester:
     # The request's own name when its stub numbers its messages (``<origin>#<seq>``): the same
     # for the request sent again after a restart of the node, which may have run it already.
     request: str | None = None
+    # The runtime credential's claim on its runtimeURL (what its registrations are owned by).
+    claim: str | None = None
 
 
 class MnService(Protocol):

@@ -10,9 +10,12 @@ Sources (reTHINK-project/dev-registry-domain, server/src/main/java/domainregistr
 HypertyController.java (routes, codes, answers), HypertyService.java and DataObjectService.java
 (404 / 408 rules, create-or-replace, keep-alive), RamClient.java (delete marks disconnected).
 
-Beyond the reference, entries belong to the runtime that registered them, and a hyperty's user
+Beyond the reference, entries belong to the credential of the runtime that registered them (its
+claim on its runtimeURL, which outlives its session while the entries do), and a hyperty's user
 is the registering runtime's verified identity when it has one (DESIGN.md section 10): a write
-from a runtime that breaks either rule is 403 and changes nothing. A call without a runtime is
+from a runtime that breaks either rule is 403 and changes nothing. What a runtime may register
+at all (addresses allocated to it, under its own runtimeURL) the reference monitor decides
+before a request reaches here (access.py, "Register"). A call without a runtime is
 the operator's (the REST API) and is not checked. docs/registry-connector.md, "Who may change
 an entry", states the rule.
 """
@@ -20,6 +23,7 @@ an entry", states the rule.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import orjson
@@ -50,18 +54,26 @@ StatusCallback = Callable[[str, str], Awaitable[None]]
 Filters = Mapping[str, tuple[str, ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class Writer:
+    """The runtime a registry request comes through the MN from."""
+
+    runtime_url: str  # the `runtime` of what it registers without naming one
+    claim: str  # what its entries are owned by: its credential's claim on the runtimeURL
+    identity: Identity | None = None  # what it proved when it connected
+
+
 class RegistryBackend(Protocol):
-    """A domain registry answering dev-registry-domain's REST resources. ``runtime`` is the
-    runtime a request comes from, when known (the MN's requester), and ``identity`` what it
-    proved when it connected; neither: the operator. With ``changes``, the status changes a
-    write makes are left there, for ``publish`` once the caller has answered."""
+    """A domain registry answering dev-registry-domain's REST resources. ``writer`` is the
+    runtime a request comes from, when known (the MN's requester); None: the operator. With
+    ``changes``, the status changes a write makes are left there, for ``publish`` once the
+    caller has answered."""
 
     async def call(
         self,
         call: RestCall,
         *,
-        runtime: str | None = None,
-        identity: Identity | None = None,
+        writer: Writer | None = None,
         changes: list[StatusChange] | None = None,
     ) -> RestAnswer: ...
 
@@ -124,8 +136,7 @@ class BuiltinRegistryBackend:
         self,
         call: RestCall,
         *,
-        runtime: str | None = None,
-        identity: Identity | None = None,
+        writer: Writer | None = None,
         changes: list[StatusChange] | None = None,
     ) -> RestAnswer:
         """Never raises: bad requests are 400, unknown resources 404, writes to what another
@@ -134,7 +145,7 @@ class BuiltinRegistryBackend:
         has answered."""
         publish = self._notifier.publish if changes is None else _collect(changes)
         try:
-            return await self._route(call, runtime, identity, publish)
+            return await self._route(call, writer, publish)
         except _Answer as early:
             return _message(early.status, early.message)
         except InvalidRecord as bad:
@@ -149,11 +160,14 @@ class BuiltinRegistryBackend:
     async def publish(self, changes: Sequence[StatusChange]) -> None:
         await self._notifier.publish(changes)
 
-    async def _route(
-        self, call: RestCall, requester: str | None, identity: Identity | None, publish: Publish
-    ) -> RestAnswer:
-        """``requester``: the runtime writes are checked against; None, the operator's."""
+    async def claim_in_use(self, claim: str) -> bool:
+        """Whether entries owned by ``claim`` are still answered (or about to be)."""
+        return await self._store.owned_by(claim)
+
+    async def _route(self, call: RestCall, writer: Writer | None, publish: Publish) -> RestAnswer:
+        """``writer``: the runtime writes are checked against; None, the operator's."""
         query = dict(call.query)
+        requester = writer.claim if writer is not None else None
         match call.method, call.segments:
             case "GET", ("hyperty", ("user" | "email" | "guid") as by, key):
                 return await self._hyperties(_HYPERTY_KEYS[by], key, None)
@@ -162,9 +176,7 @@ class BuiltinRegistryBackend:
             case "GET", ("hyperty", "url", url):
                 return await self._hyperty(url)
             case "PUT", ("hyperty", "user", user, url):
-                return await self._register_hyperty(
-                    user, url, _body(call), requester, identity, publish
-                )
+                return await self._register_hyperty(user, url, _body(call), writer, publish)
             case "PUT", ("hyperty", "url", url):
                 return await self._refresh(
                     EntryKind.HYPERTY, url, _body(call), "Hyperty updated", requester, publish
@@ -175,7 +187,7 @@ class BuiltinRegistryBackend:
                 )
                 return await self._written(written, url, "Hyperty deleted", publish)
             case "PUT", ("hyperty", "dataobject", url):
-                return await self._register_object(url, _body(call), requester, publish)
+                return await self._register_object(url, _body(call), writer, publish)
             case "PUT", ("dataobject", "url", url):
                 return await self._refresh(
                     EntryKind.DATA_OBJECT,
@@ -225,19 +237,18 @@ class BuiltinRegistryBackend:
         user: str,
         url: str,
         body: Any,
-        requester: str | None,
-        identity: Identity | None,
+        writer: Writer | None,
         publish: Publish,
     ) -> RestAnswer:
-        values = creation(EntryKind.HYPERTY, body, self._lifetimes, _owner(requester))
+        values = creation(EntryKind.HYPERTY, body, self._lifetimes, _runtime(writer))
         url = valid_key("the hyperty URL", url)
         user = valid_key("the user", user)
-        verified = requester is not None and _user_is_verified(user, identity)
+        verified = writer is not None and _user_is_verified(user, writer.identity)
         outcome, changes = await self._store.register(
             EntryKind.HYPERTY,
             url,
             values,
-            requester=requester,
+            requester=writer.claim if writer is not None else None,
             user_url=user,
             email=user_email(user),
             user_verified=verified,
@@ -274,12 +285,15 @@ class BuiltinRegistryBackend:
         return _answer(200, {entry.url: data_object_json(entry) for entry in found})
 
     async def _register_object(
-        self, url: str, body: Any, requester: str | None, publish: Publish
+        self, url: str, body: Any, writer: Writer | None, publish: Publish
     ) -> RestAnswer:
-        values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, _owner(requester))
+        values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, _runtime(writer))
         url = valid_key("the data object URL", url)
         outcome, changes = await self._store.register(
-            EntryKind.DATA_OBJECT, url, values, requester=requester
+            EntryKind.DATA_OBJECT,
+            url,
+            values,
+            requester=writer.claim if writer is not None else None,
         )
         await publish(changes)
         if outcome is Registered.FOREIGN:
@@ -327,10 +341,10 @@ class BuiltinRegistryBackend:
         return _message(200, message)
 
 
-def _owner(requester: str | None) -> str | None:
-    """The runtime a registration through the MN will belong to (stored, so checked as a key);
-    None for the operator's, which belong to the runtime they name."""
-    return None if requester is None else valid_key("the requesting runtime", requester)
+def _runtime(writer: Writer | None) -> str | None:
+    """The ``runtime`` of a registration through the MN that names none: its runtime's URL
+    (stored, so checked as a key); None for the operator's, which must name one."""
+    return None if writer is None else valid_key("the requesting runtime", writer.runtime_url)
 
 
 def _foreign(url: str) -> str:
@@ -341,12 +355,12 @@ def _foreign(url: str) -> str:
 
 
 def _user_is_verified(user: str, identity: Identity | None) -> bool:
-    """Whether ``user`` is the runtime's verified identity (any spelling of it, compared
-    case-insensitively as ``Identity.aliases`` does). A runtime with a verified identity
-    registers under that identity only: any other user is 403."""
+    """Whether ``user`` is the runtime's verified identity (one of its spellings, compared
+    exactly: see ``Identity.aliases``). A runtime with a verified identity registers under that
+    identity only: any other user is 403."""
     if identity is None or not identity.authenticated:
         return False
-    if user.casefold() in identity.aliases():
+    if user in identity.aliases():
         return True
     raise _Answer(
         403,

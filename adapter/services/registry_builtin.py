@@ -13,9 +13,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+import orjson
 import structlog
 
+from ..access import AccessMonitor, Refusal
 from ..config import DomainRegistryConfig
 from ..envelope import Message
 from ..storage.clock import utcnow
@@ -27,9 +30,11 @@ from .registry_backend import (
     RegistryBackend,
     StatusCallback,
     StatusNotifier,
+    Writer,
 )
 from .registry_domain import BadRegistryRequest, domain_call, domain_reply
 from .registry_fields import Lifetimes
+from .registry_http import RestCall
 from .registry_lifecycle import RegistryExpiry, RegistryPresence
 from .registry_rest import REST_PREFIX, RegistryRestApi
 
@@ -38,11 +43,13 @@ log = structlog.get_logger(__name__)
 
 class BuiltinDomainRegistry:
     """``domain://registry.<domain>`` answered by a ``RegistryBackend`` in process. Writes are
-    attributed to the requesting runtime (presence follows it, and only it may change what it
-    registered); its verified identity is the user it registers hyperties under."""
+    attributed to the requesting runtime's credential (presence follows it, and only it may
+    change what it registered); its verified identity is the user it registers hyperties
+    under. What it may register at all, the reference monitor decides."""
 
-    def __init__(self, backend: RegistryBackend) -> None:
+    def __init__(self, backend: RegistryBackend, monitor: AccessMonitor | None = None) -> None:
         self._backend = backend
+        self._monitor = monitor
 
     async def handle(self, message: Message, requester: Requester) -> ServiceReply:
         try:
@@ -52,15 +59,54 @@ class BuiltinDomainRegistry:
         except Exception:  # a mapping bug must cost one answer, not the session
             log.exception("builtin_registry_failed", id=message.id)
             return ServiceReply(500, desc="domain registry failed")
+        refused = self._refusal(call, requester)
+        if refused is not None:
+            return ServiceReply(refused.code, desc=refused.reason)
         changes: list[StatusChange] = []
-        answer = await self._backend.call(
-            call, runtime=requester.runtime_url, identity=requester.identity, changes=changes
-        )
+        writer = Writer(requester.runtime_url, requester.claim or "", requester.identity)
+        answer = await self._backend.call(call, writer=writer, changes=changes)
         reply = domain_reply(call, answer)
         if not changes:
             return reply
         backend = self._backend
         return dataclasses.replace(reply, then=lambda: backend.publish(changes))
+
+    def _refusal(self, call: RestCall, requester: Requester) -> Refusal | None:
+        """The monitor's word on what a write names: a registration (creation) of an address
+        the runtime was allocated, and, in a creation or an update, its own runtimeURL as the
+        entry's runtime and its own hyperty as an object's reporter."""
+        if self._monitor is None or call.method != "PUT":
+            return None
+        match call.segments:
+            case ("hyperty", "user", _, url) | ("hyperty", "dataobject", url):
+                creation = True
+            case ("hyperty", "url", url) | ("dataobject", "url", url):
+                creation = False
+            case _:
+                return None
+        fields = _fields(call)
+        runtime, reporter = fields.get("runtime"), fields.get("reporter")
+        if creation:
+            refused = self._monitor.register(
+                requester, url, runtime if isinstance(runtime, str) else None
+            )
+            if refused is not None:
+                return refused
+        elif runtime is not None and runtime != requester.runtime_url:
+            return Refusal(403, f"a runtime registers under its own runtimeURL, not {runtime}")
+        if reporter is not None and (
+            not isinstance(reporter, str) or self._monitor.holder(reporter) != requester.session_id
+        ):
+            return Refusal(403, f"{reporter!r} is not a hyperty of this runtime's")
+        return None
+
+
+def _fields(call: RestCall) -> dict[str, Any]:
+    try:
+        body = orjson.loads(call.body or b"null")
+    except orjson.JSONDecodeError:
+        return {}  # the back end answers 400
+    return body if isinstance(body, dict) else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +134,7 @@ def build_builtin_registry(
     db: Database,
     on_status_change: StatusCallback | None,
     *,
+    monitor: AccessMonitor | None = None,
     clock: Callable[[], datetime] = utcnow,
     rest_prefix: str = REST_PREFIX,
 ) -> BuiltinRegistry | None:
@@ -106,7 +153,7 @@ def build_builtin_registry(
             backend, writable=settings.rest_api == "read-write", prefix=rest_prefix
         )
     return BuiltinRegistry(
-        service=BuiltinDomainRegistry(backend),
+        service=BuiltinDomainRegistry(backend, monitor),
         backend=backend,
         presence=RegistryPresence(store, notifier, settings.presence_delay_seconds),
         expiry=RegistryExpiry(store, notifier, settings.sweep_interval_seconds),

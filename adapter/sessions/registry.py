@@ -23,7 +23,7 @@ import structlog
 from ..identity.model import Identity
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
-from ..storage.sessions import HeldElsewhere
+from ..storage.sessions import ClaimRow, HeldElsewhere
 from .link import CLOSE_REPLACED, Link
 from .mailbox import DeliveryStore, Mailbox, Parcel, Ticket
 from .serial import Serial
@@ -62,14 +62,23 @@ class SessionRows(Protocol):
     """The sessions table (storage/sessions.py)."""
 
     async def create(
-        self, runtime_url: str, user_id: str, key: str, protected: bool, identity: str | None
+        self,
+        runtime_url: str,
+        user_id: str,
+        key: str,
+        protected: bool,
+        identity: str | None,
+        claim: str,
+        kept: ClaimRow | None = None,
     ) -> int: ...
 
     async def set_state(
         self, session_id: int, state: SessionState, protect: bool = False
     ) -> None: ...
 
-    async def delete(self, session_id: int) -> None: ...
+    async def claim_of(self, runtime_url: str) -> ClaimRow | None: ...
+
+    async def release(self, session_id: int, kept: ClaimRow | None) -> None: ...
 
     async def held(self, runtime_url: str) -> tuple[str, Any] | None: ...
 
@@ -131,8 +140,12 @@ class SessionRegistry:
         on_unreceived: Callable[[list[Parcel]], None] = lambda _parcels: None,
         process: str | None = None,
         take_over: TakeOver | None = None,
+        claim_in_use: Callable[[str], Coroutine[Any, Any, bool]] | None = None,
     ) -> None:
         self._rows = rows
+        # Whether anything is still registered under a claim (the built-in registry): while
+        # it is, the runtimeURL stays the claim's after its session ends. None: nothing is.
+        self._claim_in_use = claim_in_use
         # This node process's name when the domain runs several: each holds its own sessions.
         self._process = process
         self._take_over = take_over
@@ -200,7 +213,13 @@ class SessionRegistry:
         self, row: Any, epoch: int, stored: dict[int, tuple[int, int]], now: Any
     ) -> Session:
         session = self._new_session(
-            row.id, row.key, row.runtime_url, row.user_id, *stored.get(row.id, (0, 0)), epoch=epoch
+            row.id,
+            row.key,
+            row.runtime_url,
+            row.user_id,
+            *stored.get(row.id, (0, 0)),
+            epoch=epoch,
+            claim=row.claim or row.key,
         )
         session.protected = row.protected
         if row.identity is not None:
@@ -302,10 +321,13 @@ class SessionRegistry:
         stored_through: int = 0,
         stored_bytes: int = 0,
         epoch: int | None = None,
+        claim: str = "",
     ) -> Session:
         start = self._epoch if epoch is None else epoch
         mailbox = Mailbox(session_id, start, self._on_mailbox_dirty, stored_through, stored_bytes)
-        return Session(session_id, key, runtime_url, user_id, mailbox, start)
+        session = Session(session_id, key, runtime_url, user_id, mailbox, start)
+        session.claim = claim or key
+        return session
 
     def _add(self, session: Session) -> None:
         self._by_id[session.id] = session
@@ -392,11 +414,18 @@ class SessionRegistry:
             session = self._by_runtime.get(runtime_url)
             resumed = session is not None
             if session is None:
+                kept = await self._rows.claim_of(runtime_url)
+                claim = secrets.token_hex(8)
+                if kept is not None and await self._in_use(kept.claim):
+                    self._admit_to_claim(kept, token, identity)
+                    claim = kept.claim
                 user_id = self._virtual_user(runtime_url)
                 key = secrets.token_hex(8)
                 record = identity.to_record() if identity is not None else None
-                session_id = await self._rows.create(runtime_url, user_id, key, protect, record)
-                session = self._new_session(session_id, key, runtime_url, user_id)
+                session_id = await self._rows.create(
+                    runtime_url, user_id, key, protect, record, claim, kept
+                )
+                session = self._new_session(session_id, key, runtime_url, user_id, claim=claim)
                 session.identity = identity
                 session.protected = protect
                 self._add(session)
@@ -450,6 +479,28 @@ class SessionRegistry:
         session = self._by_runtime.get(runtime_url)
         if session is not None:
             self._admit_without_token(session, identity)
+
+    async def _in_use(self, claim: str) -> bool:
+        return self._claim_in_use is not None and await self._claim_in_use(claim)
+
+    def _admit_to_claim(self, kept: ClaimRow, token: str | None, identity: Identity | None) -> None:
+        """Whether a connection may take up the runtimeURL its ended session left to its
+        credential: by the token of that session, or by proving the same identity. Raises
+        TokenRejected or SessionRefused (401)."""
+        proved = Identity.from_record(kept.identity) if kept.identity is not None else None
+        if proved is not None and proved.authenticated and proved.key is not None:
+            if proved.same_as(identity):
+                return
+        elif not kept.protected:
+            return  # a stub that never had a token: its runtimeURL was anybody's to take
+        if token is not None:
+            if self._tokens.verify(token, kept.runtime_url).session_id != kept.session_id:
+                raise TokenRejected("session token names a session that no longer exists")
+            return
+        raise SessionRefused(
+            "this runtimeURL's registrations belong to another runtime's credential: present "
+            "its session token (or identity), or connect with a runtimeURL of your own"
+        )
 
     @staticmethod
     def _admit_without_token(session: Session, identity: Identity | None) -> None:
@@ -589,8 +640,19 @@ class SessionRegistry:
             return
         # The row first: if the database refuses, the session stays whole (its caller hears of
         # it and the stub resumes) rather than gone from memory while its row, still holding
-        # the runtimeURL, refuses every new session of that runtime.
-        await self._rows.delete(session.id)
+        # the runtimeURL, refuses every new session of that runtime. While anything is still
+        # registered under its claim, the runtimeURL stays its credential's.
+        kept = None
+        if await self._in_use(session.claim):
+            proved = session.identity
+            kept = ClaimRow(
+                session.runtime_url,
+                session.claim,
+                session.id,
+                session.protected,
+                proved.to_record() if proved is not None else None,
+            )
+        await self._rows.release(session.id, kept)
         session.released = True
         self._detached.pop(session.id, None)
         if session.attachment is not None:

@@ -70,6 +70,7 @@ class Session:
         "_senders",
         "asked",
         "attachment",
+        "claim",
         "detached_at",
         "id",
         "key",
@@ -115,6 +116,8 @@ class Session:
         self.protected = protected
         self._node_numbered = epoch << EPOCH_SHIFT
         self.asked = AskedRequests()
+        # The credential's claim on the runtimeURL (storage/models.py RuntimeSession.claim).
+        self.claim = key
 
     @property
     def session_id(self) -> int:

@@ -81,6 +81,26 @@ class RuntimeSession(Base):
     # Set by a process handing the session to another (JSON): from where the new holder reads
     # the rooms again for it, and how far the old one's lanes carry its runtime's messages.
     handover: Mapped[str | None] = mapped_column(Text)
+    # The credential's claim on the runtimeURL: random, what the runtime's registry entries are
+    # owned by. A new session of the same runtimeURL keeps it only by proving the credential
+    # of the session before (its token, or the same verified identity).
+    claim: Mapped[str] = mapped_column(String(32), server_default="")
+
+
+class RuntimeClaim(Base):
+    """A runtimeURL whose session ended while its registry entries live on: it stays the
+    credential's (only a connection proving it gets the runtimeURL, and with it the entries)
+    until nothing is registered under the claim any more."""
+
+    __tablename__ = "runtime_claims"
+
+    runtime_url: Mapped[str] = mapped_column(String(2048), primary_key=True)
+    claim: Mapped[str] = mapped_column(String(32))
+    # The session that ended: a token naming it proves the credential.
+    session_id: Mapped[int] = mapped_column(BigId)
+    protected: Mapped[bool] = mapped_column(Boolean)
+    identity: Mapped[str | None] = mapped_column(Text)
+    released_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Allocation(Base):

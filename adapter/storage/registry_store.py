@@ -23,7 +23,18 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Integer, cast, delete, func, insert, literal, select, update
+from sqlalchemy import (
+    Connection,
+    Integer,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from .clock import utcnow
@@ -364,6 +375,19 @@ class RegistryStore:
             changes.append(StatusChange(entry.url, status))
         conn.execute(update(_T).where(_T.id == entry.id).values(**row))
         return changed
+
+    async def owned_by(self, owner: str) -> bool:
+        """Whether any entry of ``owner`` is left that the sweep has not removed yet."""
+        now = self.now()
+        query = (
+            select(_T.id)
+            .where(
+                _T.owner == owner,
+                or_(_T.status != DISCONNECTED, _T.disconnected_at > now - self._grace),
+            )
+            .limit(1)
+        )
+        return await self._db.run(lambda conn: conn.execute(query).first() is not None)
 
     # -- presence -----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    insert,
     inspect,
     select,
     true,
@@ -23,9 +24,10 @@ from sqlalchemy import (
 
 from .clock import utcnow
 from .database import Database, Prepared, upsert
-from .models import NodeProcess, RuntimeSession, SessionState
+from .models import NodeProcess, RuntimeClaim, RuntimeSession, SessionState
 
 _S = RuntimeSession
+_C = RuntimeClaim
 _ROW_COLUMNS = (
     _S.id,
     _S.runtime_url,
@@ -35,6 +37,7 @@ _ROW_COLUMNS = (
     _S.last_seen,
     _S.protected,
     _S.identity,
+    _S.claim,
 )
 
 
@@ -46,6 +49,18 @@ class SessionRow:
     key: str
     state: SessionState
     last_seen: datetime
+    protected: bool
+    identity: str | None
+    claim: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    """A runtimeURL kept for the credential of a session that ended (models.RuntimeClaim)."""
+
+    runtime_url: str
+    claim: str
+    session_id: int
     protected: bool
     identity: str | None
 
@@ -76,6 +91,7 @@ class SessionStore:
             "created_at",
             "last_seen",
             "holder",
+            "claim",
         )
         created = [mapped[c] for c in keys]
         # Nothing is returned when another process created the runtime's session first.
@@ -94,6 +110,13 @@ class SessionStore:
             [mapped["state"], mapped["last_seen"]],
         )
         self._delete = Prepared(db, delete(_S).where(_S.id == bindparam("session_id")), [])
+        self._claim_of = Prepared(
+            db,
+            select(_C.runtime_url, _C.claim, _C.session_id, _C.protected, _C.identity).where(
+                _C.runtime_url == bindparam("runtime_url")
+            ),
+            [],
+        )
         self._set_state_protected = Prepared(
             db,
             update(_S)
@@ -109,8 +132,17 @@ class SessionStore:
         return await self._db.run(op)
 
     async def create(
-        self, runtime_url: str, user_id: str, key: str, protected: bool, identity: str | None
+        self,
+        runtime_url: str,
+        user_id: str,
+        key: str,
+        protected: bool,
+        identity: str | None,
+        claim: str,
+        kept: ClaimRow | None = None,
     ) -> int:
+        """A new session of ``runtime_url`` under ``claim``. ``kept``: the claim the runtimeURL
+        was kept for, which the new session takes up (or which lapsed): it is struck."""
         now = utcnow()
         row = {
             "runtime_url": runtime_url,
@@ -122,12 +154,49 @@ class SessionStore:
             "created_at": now,
             "last_seen": now,
             "holder": self._holder,
+            "claim": claim,
         }
         created = await self._db.execute_small(self._create, row)
         if not created:
             raise HeldElsewhere(await self.holder_of(runtime_url))
         [(session_id,)] = created
+        if kept is not None:
+            await self._db.run(
+                lambda conn: conn.execute(delete(_C).where(_C.runtime_url == runtime_url))
+            )
         return int(session_id)
+
+    async def claim_of(self, runtime_url: str) -> ClaimRow | None:
+        """The claim a runtimeURL with no session is kept for, if any."""
+        found = await self._db.execute_small(self._claim_of, {"runtime_url": runtime_url})
+        if not found:
+            return None
+        [(url, claim, session_id, protected, identity)] = found
+        return ClaimRow(str(url), str(claim), int(session_id), bool(protected), identity)
+
+    async def release(self, session_id: int, kept: ClaimRow | None) -> None:
+        """Forget the session (and, by cascade, everything it owned); with ``kept``, its
+        runtimeURL stays the credential's, in the same transaction."""
+        if kept is None:
+            await self.delete(session_id)
+            return
+        released_at = utcnow()
+
+        def op(conn: Connection) -> None:
+            conn.execute(delete(_S).where(_S.id == session_id))
+            conn.execute(delete(_C).where(_C.runtime_url == kept.runtime_url))
+            conn.execute(
+                insert(_C).values(
+                    runtime_url=kept.runtime_url,
+                    claim=kept.claim,
+                    session_id=kept.session_id,
+                    protected=kept.protected,
+                    identity=kept.identity,
+                    released_at=released_at,
+                )
+            )
+
+        await self._db.run(op)
 
     async def held(self, runtime_url: str) -> tuple[str, SessionRow] | None:
         """The runtime's session and the process holding it ("" when nobody holds it); None

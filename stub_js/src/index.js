@@ -174,9 +174,10 @@ export class MatrixProtoStub {
     if (conn?.live && conn.ws.readyState === OPEN) this._sendAck(conn);
     this._halt();
     this._replaced = false;
-    this._token = null; // the session is released, its token names nothing any more
+    // The session is released, but its token still proves this runtime's credential: while
+    // anything is registered under the runtimeURL, the node gives it only to that credential.
     this._resetSession();
-    this._memory.forget();
+    this._remember();
     if (conn?.live && conn.ws.readyState === OPEN) {
       // The socket gives the frame to the node before its close; nothing to wait for, and a
       // page cycling through many runtimes must not hold their sockets open meanwhile.
@@ -566,8 +567,10 @@ export class MatrixProtoStub {
       return this._stop('failed', `the node refused this runtime's session (${how})`);
     }
     if (code === CLOSE_NORMAL) {
-      this._token = null; // the node closes normally only once it has released the session
-      this._memory.forget();
+      // The node closes normally only once it has released the session; the token is kept as
+      // the credential of the runtimeURL (see _disconnect).
+      this._resetSession();
+      this._remember();
       return this._stop('disconnected', `closed by the node (${how})`);
     }
     this._postStatus('disconnected', `connection lost (${how}); reconnecting`);

@@ -111,7 +111,7 @@ test('disconnect() gives its socket up at once, without waiting for the node to 
   assert.deepEqual(node.connections[0].frames.at(-1).cmd, 'disconnect');
 });
 
-test('after disconnect() the next message opens a fresh session without the old token', async (t) => {
+test('after disconnect() the next message opens a fresh session, presenting the old token as the runtime credential', async (t) => {
   const node = await nodeFor(t);
   const bus = fakeBus();
   const stub = await newStub(t, { bus, node });
@@ -123,7 +123,9 @@ test('after disconnect() the next message opens a fresh session without the old 
   const second = await until(() => node.connections[1], 'a second connection');
   await until(() => messagesOf(second).length === 1, 'the message');
 
-  assert.deepEqual(second.frames[0], { cmd: 'connect', data: { runtimeURL: RUNTIME_URL } });
+  // The token proves the runtime's credential: while anything is registered under the
+  // runtimeURL, the node gives it only to that credential.
+  assert.deepEqual(second.frames[0], { cmd: 'connect', data: { runtimeURL: RUNTIME_URL, token: 'tok-1' } });
   assert.deepEqual(messagesOf(second), [msg(2)]);
   assert.deepEqual(bus.statuses(), ['created', 'in-progress', 'live', 'disconnected', 'in-progress', 'live']);
 });
@@ -193,13 +195,14 @@ test('a reloaded runtime (a new stub instance, same runtimeURL) resumes its sess
   assert.equal(secondConn.frames[0].data.ack.received, 0);
   assert.notEqual(secondConn.frames[0].data.ack.stub, firstConn.frames[0].data.ack.stub);
 
-  // A clean disconnect releases the session: the next instance starts a fresh one.
+  // A clean disconnect releases the session: the next instance starts a fresh one, nothing
+  // received in it yet, and presents the token as the runtime's credential.
   await second.disconnect();
-  assert.equal(sessionStore.items.size, 0);
   const third = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
   await third.connect();
   const thirdConn = await until(() => node.connections[2], 'third connection');
-  assert.equal(thirdConn.frames[0].data.token, undefined);
+  assert.equal(thirdConn.frames[0].data.token, secondConn.token);
+  assert.equal(thirdConn.frames[0].data.ack.received, 0);
 });
 
 test('without a store of its own, stubs of one process share the session of a runtimeURL', async (t) => {

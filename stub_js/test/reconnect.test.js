@@ -88,7 +88,11 @@ test('an unsolicited close 1000 is final until the runtime sends again, then a f
   bus.send(msg('later'));
   const second = await until(() => node.connections[1], 'a new connection');
   await until(() => messagesOf(second).length === 1, 'the message');
-  assert.deepEqual(second.frames[0], { cmd: 'connect', data: { runtimeURL: RUNTIME_URL } }, 'no stale token');
+  assert.deepEqual(
+    second.frames[0],
+    { cmd: 'connect', data: { runtimeURL: RUNTIME_URL, token: 'tok-1' } },
+    'the token is kept as the runtime credential',
+  );
 });
 
 test('keeps retrying with back-off while the node is unreachable and resumes when it is back', async (t) => {

@@ -6,6 +6,7 @@ Every test keeps an honest pair routing beside the attacker and checks it still 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import aiohttp
@@ -131,9 +132,9 @@ async def test_nobody_subscribes_to_another_runtimes_own_addresses(
         await bob.send({"id": "u1", "type": "update", "from": obj, "to": f"{obj}/changes"})
         assert [m["id"] for m in await bob.receive_n(2, 5)] == ["d1", "d2"]
         assert (await mallory.receive(5))["id"] == "u1"
-        # An address nobody holds may be subscribed first; once a runtime speaks from it, it
+        # A stub's URL nobody holds may be subscribed first; once a runtime speaks from it, it
         # is that runtime's, and what is sent to it no longer reaches the early subscriber.
-        claimed = f"user://{D}/sub-bob-user"
+        claimed = f"hyperty-runtime://{D}/protostub/sub-bob"
         reply = await mallory.request(SM, "subscribe", {"resources": [claimed]})
         assert reply["body"]["code"] == 200
         await bob.send({"id": "hello", "type": "ping", "from": claimed, "to": a})
@@ -152,7 +153,7 @@ async def test_a_learned_address_stays_with_the_runtime_that_learned_it(
     node = await start_node(await databases.migrated_sqlite())
     alice, bob, a, _b = await _pair(node, "learn")
     mallory = await PyRuntime(stub_url(node), f"runtime://{D}/learn-mallory", acked=True).connect()
-    user = f"user://{D}/learn-bob"
+    user = "hyperty://elsewhere.example/learn-bob"
     try:
         await bob.send({"id": "b1", "type": "ping", "from": user, "to": a})
         assert (await alice.receive(5))["id"] == "b1"
@@ -179,7 +180,9 @@ async def _upgrade_status(url: str, origin: str | None) -> int:
     async with aiohttp.ClientSession() as http:
         try:
             ws = await http.ws_connect(
-                url, params={"runtimeURL": f"runtime://{D}/origin-{origin}"}, headers=headers
+                url,
+                params={"runtimeURL": f"runtime://{D}/origin-{re.sub(r'\W', '-', str(origin))}"},
+                headers=headers,
             )
         except aiohttp.WSServerHandshakeError as exc:
             return exc.status

@@ -97,7 +97,7 @@ def test_a_runtime_never_speaks_from_anothers_address(address: str) -> None:
     assert isinstance(verdict, Refusal) and verdict.code == 403, verdict
 
 
-@pytest.mark.parametrize("address", [a for a in NOBODYS if not a.startswith("hyperty://elsewhere")])
+@pytest.mark.parametrize("address", [a for a in NOBODYS if not a.startswith("hyperty-runtime")])
 def test_nothing_of_this_domain_a_runtime_a_user_or_a_peer_is_taken_by_first_use(
     address: str,
 ) -> None:
@@ -109,6 +109,10 @@ def test_nothing_of_this_domain_a_runtime_a_user_or_a_peer_is_taken_by_first_use
 def test_an_unknown_domains_address_is_learned_and_a_verified_user_speaks_as_itself() -> None:
     monitor, table, _ = _monitor()
     assert monitor.speak_from(ALICE, "hyperty://elsewhere.example/mine") == LEARN
+    # A stub's URL is a name its runtime chose: learned while nobody else uses it.
+    assert monitor.speak_from(ALICE, "hyperty-runtime://d/protostub/1") == LEARN
+    table.learn(ALICE_ID, "hyperty-runtime://d/protostub/1")
+    assert isinstance(monitor.speak_from(BOB, "hyperty-runtime://d/protostub/1"), Refusal)
     carol = Who(3, "runtime://d/carol", BOB_IDENTITY)  # the same identity, another runtime
     assert monitor.speak_from(carol, "user://idp.example/bob") == Refusal(
         403, "'user://idp.example/bob' is in use by another runtime"
