@@ -177,11 +177,12 @@ async def test_a_learned_address_stays_with_the_runtime_that_learned_it(
 
 async def _upgrade_status(url: str, origin: str | None) -> int:
     headers = {"Origin": origin} if origin is not None else {}
+    runtime_id = re.sub(r"\W", "-", str(origin))
     async with aiohttp.ClientSession() as http:
         try:
             ws = await http.ws_connect(
                 url,
-                params={"runtimeURL": f"runtime://{D}/origin-{re.sub(r'\W', '-', str(origin))}"},
+                params={"runtimeURL": f"runtime://{D}/origin-{runtime_id}"},
                 headers=headers,
             )
         except aiohttp.WSServerHandshakeError as exc:
