@@ -29,6 +29,8 @@ def build_registration(
     applies its own limits at the stub endpoint. Ephemeral events are on for read receipts: a
     peer domain's node confirms with them what it has handled (flow control between domains).
     """
+    # Anchored at both ends (Synapse matches from the start only): a server whose name starts
+    # with ours must not fall into our namespace, nor an alias whose localpart holds a colon.
     server = re.escape(server_name)
     return {
         "id": appservice_id,
@@ -39,8 +41,10 @@ def build_registration(
         "rate_limited": False,
         "receive_ephemeral": receive_ephemeral,
         "namespaces": {
-            "users": [{"exclusive": True, "regex": f"@{re.escape(user_prefix)}.*:{server}"}],
-            "aliases": [{"exclusive": True, "regex": f"#{re.escape(alias_prefix)}.*:{server}"}],
+            "users": [{"exclusive": True, "regex": f"@{re.escape(user_prefix)}[^:]*:{server}$"}],
+            "aliases": [
+                {"exclusive": True, "regex": f"#{re.escape(alias_prefix)}[^:]*:{server}$"}
+            ],
             "rooms": [],
         },
     }

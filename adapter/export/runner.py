@@ -32,6 +32,7 @@ from ..config import NodeConfig
 from ..storage.database import Database
 from ..storage.exports import ExportPositionStore
 from ..storage.rooms import RoomStore
+from .admission import EventAdmission
 from .rows import Row, rows_for_event
 
 EVENT_FILTER = {"types": [carrier.BATCH_EVENT, carrier.JOURNAL_EVENT]}
@@ -94,12 +95,22 @@ async def export(
     positions = ExportPositionStore(db)
     try:
         rooms = await RoomStore(db).all()
+        admission = EventAdmission.for_node(config)
         async with aiohttp.ClientSession() as http:
             api = homeserver_api(config, http)
             for room_id, alias, _purpose, creator in rooms:
                 summary.rooms += 1
                 await _export_room(
-                    api, positions, room_id, alias, creator, out_dir, page_size, summary, progress
+                    api,
+                    positions,
+                    room_id,
+                    alias,
+                    creator,
+                    out_dir,
+                    page_size,
+                    summary,
+                    progress,
+                    admission,
                 )
     finally:
         await db.dispose()
@@ -133,6 +144,7 @@ async def _export_room(
     page_size: int,
     summary: ExportSummary,
     progress: Progress | None,
+    admission: EventAdmission,
 ) -> None:
     reader = api.intent(creator)
     saved = await positions.get(room_id)
@@ -145,7 +157,7 @@ async def _export_room(
         chunk = [e for e in page["chunk"] if isinstance(e, dict)]
         end = page.get("end")
         if chunk:
-            messages, receipts = await event_rows(api, chunk, summary)
+            messages, receipts = await event_rows(api, chunk, summary, admission)
             name = (
                 "part-"
                 + hashlib.sha256(f"{room_id}\n{token}".encode()).hexdigest()[:20]
@@ -174,10 +186,14 @@ async def _export_room(
 
 
 async def event_rows(
-    api: AppserviceAPI, events: list[dict[str, Any]], summary: ExportSummary
+    api: AppserviceAPI,
+    events: list[dict[str, Any]],
+    summary: ExportSummary,
+    admission: EventAdmission,
 ) -> tuple[list[Row], list[Row]]:
-    """The export rows of carrier events; media-carried batches are downloaded, and an event
-    that cannot be decoded is counted in the summary by reason."""
+    """The export rows of carrier events the node counts (``admission``); media-carried
+    batches are downloaded, and an event that cannot be decoded, or is not counted, is counted
+    in the summary by reason."""
 
     async def fetch(uri: str) -> bytes:
         try:
@@ -188,12 +204,16 @@ async def event_rows(
     messages: list[Row] = []
     receipts: list[Row] = []
     for event in events:
+        origin = admission.origin(event)
+        if origin is None:
+            summary.skip("not this node's or a peer node's event")
+            continue
         try:
             m, r = await rows_for_event(event, fetch)
         except carrier.CarrierError as exc:
             summary.skip(str(exc).split(":", 1)[0])
             continue
-        messages += m
+        messages += admission.rows(origin, m)
         receipts += r
     return messages, receipts
 

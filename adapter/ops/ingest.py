@@ -22,6 +22,7 @@ import orjson
 
 from ..analytics.schema import MESSAGES_ARROW_SCHEMA, RECEIPTS_ARROW_SCHEMA
 from ..config import NodeConfig
+from ..export.admission import EventAdmission
 from ..export.runner import ExportSummary, event_rows, homeserver_api, write_parquet
 from .layout import DashboardLayout
 from .tap import SPOOL_SUFFIX
@@ -76,11 +77,12 @@ async def ingest_spool(config: NodeConfig, layout: DashboardLayout) -> ExportSum
     claims = claim(layout.spool_dir)
     if not claims:
         return summary
+    admission = EventAdmission.for_node(config)
     async with aiohttp.ClientSession() as http:
         api = homeserver_api(config, http)
         for taken in claims:
             events = taken.events()
-            messages, receipts = await event_rows(api, events, summary)
+            messages, receipts = await event_rows(api, events, summary, admission)
             name = f"part-{taken.directory.name.removeprefix(CLAIMED_PREFIX)}.parquet"
             for rows, schema, table in (
                 (messages, MESSAGES_ARROW_SCHEMA, "messages"),

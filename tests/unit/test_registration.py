@@ -37,6 +37,12 @@ def test_registration_claims_exclusive_namespaces_without_rate_limits() -> None:
     assert not user_re.fullmatch("@_rethink_x:exampleXorg")  # the dot is escaped
     assert not user_re.fullmatch("@alice:example.org")
     assert re.compile(aliases[0]["regex"]).fullmatch("#_rethink_rt_ab:example.org")
+    # Synapse matches a namespace from the start only: the end must be anchored too, or a
+    # server whose name starts with ours falls into our exclusive namespace.
+    for regex in (users[0]["regex"], aliases[0]["regex"]):
+        for other in ("@_rethink_x:example.org.evil", "#_rethink_x:example.org.evil"):
+            assert not re.compile(regex).match(other)
+    assert not user_re.match("@_rethink_x:evil:example.org")
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -63,7 +69,7 @@ def test_generate_registration_creates_a_matching_config(tmp_path: Path) -> None
     assert reg["hs_token"] == cfg.appservice.hs_token
     assert reg["as_token"] != reg["hs_token"]
     assert reg["url"] == "http://10.0.0.5:8009"
-    assert reg["namespaces"]["users"][0]["regex"].endswith(":example\\.org")
+    assert reg["namespaces"]["users"][0]["regex"].endswith(":example\\.org$")
     assert cfg.stub.session_secret
     assert (tmp_path / "config.yaml").stat().st_mode & 0o077 == 0  # secrets: owner only
 
