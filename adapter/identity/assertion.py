@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import jwt
 
-from .model import Identity, user_url_from_email
+from .model import Identity, ascii_lower, identity_name, user_url_from_email
 
 AssertionOutcome = Literal["match", "mismatch", "absent", "unverified"]
 
@@ -69,14 +69,14 @@ def check_assertion(body: Mapping[str, Any], verified: Identity | None) -> Asser
         )
     aliases = verified.aliases()
     for name in names:
-        if name.casefold() not in aliases:
+        if identity_name(name) not in aliases:
             return AssertionCheck(
                 "mismatch",
                 f"the message asserts {name!r}, the session is authenticated as "
                 f"{verified.user_id!r}",
                 names,
             )
-    if idp is not None and idp.casefold() != verified.idp_domain.casefold():
+    if idp is not None and ascii_lower(idp) != ascii_lower(verified.idp_domain):
         return AssertionCheck(
             "mismatch",
             f"the message asserts identity provider {idp!r}, the session's is "
@@ -175,13 +175,14 @@ def asserted_domains(body: Mapping[str, Any]) -> frozenset[str] | None:
         return None
     domains = {_name_domain(name) for name in names}
     if idp is not None:
-        domains.add(idp.casefold())
+        domains.add(ascii_lower(idp))
     return frozenset(domains)
 
 
 def _name_domain(name: str) -> str:
     if "://" in name:
-        return (urlsplit(name).hostname or "").casefold()
+        authority = name.partition("://")[2].split("/", 1)[0].rpartition("@")[2]
+        return ascii_lower(authority.split(":", 1)[0])
     if name.startswith("@") and ":" in name:
-        return name.split(":", 1)[1].casefold()
-    return name.rpartition("@")[2].casefold()
+        return ascii_lower(name.split(":", 1)[1])
+    return ascii_lower(name.rpartition("@")[2])

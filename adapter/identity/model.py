@@ -109,7 +109,10 @@ class Identity:
         return self.user_id
 
     def aliases(self) -> frozenset[str]:
-        """Every spelling of this identity a runtime may assert, case-folded."""
+        """Every name of this identity a runtime may assert, spelled as ``identity_name``
+        spells them: only their domain parts are case-insensitive, and only in ASCII (a name
+        that differs by case elsewhere, or by a character that merely folds to the same
+        letter, is another identity)."""
         names = {self.user_id, self.user_url}
         if self.username:
             names.add(self.username)
@@ -119,7 +122,7 @@ class Identity:
         if self.method == "matrix" and self.user_id.startswith("@") and ":" in self.user_id:
             localpart, server = self.user_id[1:].split(":", 1)
             names.add(f"{localpart}@{server}")
-        return frozenset(n.casefold() for n in names)
+        return frozenset(identity_name(n) for n in names)
 
     def _preferred_username(self, username: str) -> str:
         if self.method == "matrix" and username.startswith("@"):
@@ -174,6 +177,30 @@ _PROTOCOLS: Mapping[IdentityMethod, str] = {
     "matrix": "matrix",
     "oidc": "OIDC",
 }
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_lower(text: str) -> str:
+    """``text`` with ASCII capitals in lower case and nothing else changed: unlike
+    ``str.lower`` it never turns a look-alike (the Kelvin sign, a long s) into a letter."""
+    return text.translate(_ASCII_LOWER)
+
+
+def identity_name(name: str) -> str:
+    """The one spelling of a user's name as identities are compared: the domain part of an
+    e-mail address, of a user URL (its host) and of a Matrix ID (its server) in ASCII lower
+    case, everything else exactly as written."""
+    if "://" in name:
+        scheme, _, rest = name.partition("://")
+        host, slash, path = rest.partition("/")
+        return f"{ascii_lower(scheme)}://{ascii_lower(host)}{slash}{path}"
+    if name.startswith("@") and ":" in name:
+        local, _, server = name.partition(":")
+        return f"{local}:{ascii_lower(server)}"
+    local, at, domain = name.rpartition("@")
+    return f"{local}@{ascii_lower(domain)}" if at else name
 
 
 def anonymous_identity(runtime_url: str, domain: str) -> Identity:

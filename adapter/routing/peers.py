@@ -19,6 +19,7 @@ import orjson
 
 from ..addresses import domain_of as address_domain
 from ..config import FederationConfig
+from ..identity.model import ascii_lower
 
 DEFAULT_BOT_LOCALPART = "_rethink_bot"
 # A failed discovery is tried again after this long, not on every message.
@@ -58,7 +59,7 @@ class Peers:
         discovery_url: Callable[[str], str] = well_known_url,
     ) -> None:
         self._config = config
-        self._local = local_domain.casefold()
+        self._local = ascii_lower(local_domain)
         self._http = http
         self._discovery_url = discovery_url
         self._known: dict[str, Peer] = {}
@@ -78,7 +79,7 @@ class Peers:
             domain,
             server_name,
             config.bot or f"@{DEFAULT_BOT_LOCALPART}:{server_name}",
-            frozenset(d.casefold() for d in (domain, *config.identity_providers)),
+            frozenset(ascii_lower(d) for d in (domain, *config.identity_providers)),
             config.max_subscriptions,
         )
 

@@ -30,7 +30,7 @@ import orjson
 import structlog
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..identity.model import Identity
+from ..identity.model import Identity, identity_name
 from ..storage.registry_models import DISCONNECTED, EntryKind
 from ..storage.registry_store import Registered, RegistryStore, StatusChange, Written
 from .registry_fields import (
@@ -360,7 +360,7 @@ def _user_is_verified(user: str, identity: Identity | None) -> bool:
     identity only: any other user is 403."""
     if identity is None or not identity.authenticated:
         return False
-    if user in identity.aliases():
+    if identity_name(user) in identity.aliases():
         return True
     raise _Answer(
         403,

@@ -25,7 +25,7 @@ from adapter.ops.layout import DashboardLayout
 from adapter.ops.tap import EventTap, TappedTransactions
 from adapter.routing.lanes import Outgoing
 
-ALICE = Sender("k1.s", "runtime://tap.test/alice", "@_rethink_a:hs")
+ALICE = Sender("k1.s", "runtime://tap.test/alice", "@_rethink_a:localhost")
 
 
 def batch_event(n: int, messages: int) -> dict[str, Any]:

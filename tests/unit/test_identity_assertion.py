@@ -68,8 +68,19 @@ def id_token(**claims: Any) -> str:
             ALICE_OIDC,
             "match",
         ),
-        # case does not make another user
-        ({"identity": {"userProfile": {"username": "Alice@Gmail.com"}}}, ALICE_OIDC, "match"),
+        # an e-mail address's domain is case-insensitive (in ASCII), its local part is not
+        ({"identity": {"userProfile": {"username": "alice@Gmail.COM"}}}, ALICE_OIDC, "match"),
+        ({"identity": {"userProfile": {"username": "Alice@gmail.com"}}}, ALICE_OIDC, "mismatch"),
+        ({"identity": "user://GMAIL.com/alice"}, ALICE_OIDC, "match"),
+        ({"identity": "user://gmail.com/ALICE"}, ALICE_OIDC, "mismatch"),
+        # letters that merely fold to the victim's (Kelvin sign, long s) are someone else
+        ({"identity": "user://gmail.com/alice\u212a"}, ALICE_OIDC, "mismatch"),
+        (
+            {"identity": {"userProfile": {"username": "alice@gmail.co\u212a"}}},
+            ALICE_OIDC,
+            "mismatch",
+        ),
+        ({"identity": "user://gmail.com/al\u017fce"}, ALICE_OIDC, "mismatch"),
         # older runtimes: a bare user URL
         ({"identity": "user://gmail.com/alice"}, ALICE_OIDC, "match"),
         # the IdP's token instead of the profile
@@ -252,3 +263,28 @@ async def test_idm_validates_assertions_of_other_runtimes() -> None:
         reply = await service.handle(request, BOB)
         assert reply.code == code, (request.body, reply)
         assert reply.desc
+
+
+def test_a_name_that_only_folds_to_the_verified_one_is_another_identity() -> None:
+    """Case folding maps the Kelvin sign to k, the long s to s and ß to ss: a name spelled with
+    them is not the user whose name has the plain letters."""
+    kris = Identity(
+        user_id="user://kiss.example/kris",
+        idp_domain="kiss.example",
+        method="oidc",
+        authenticated=True,
+        username="kriss@kiss.example",
+        issuer="https://kiss.example",
+        subject="kris",
+    )
+    for forged in (
+        "user://kiss.example/\u212aris",
+        "user://\u212aiss.example/kris",
+        "user://kiss.example/kri\u017f",
+        "\u212ariss@kiss.example",
+        "kri\u00df@kiss.example",
+        "kriss@\u212aiss.example",
+    ):
+        check = check_assertion({"identity": forged}, kris)
+        assert check.outcome == "mismatch", forged
+    assert check_assertion({"identity": "kriss@KISS.example"}, kris).outcome == "match"

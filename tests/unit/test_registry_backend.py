@@ -14,7 +14,7 @@ import pytest_asyncio
 from sqlalchemy.exc import OperationalError
 
 from adapter.identity.model import Identity
-from adapter.services.registry_backend import BuiltinRegistryBackend, StatusNotifier
+from adapter.services.registry_backend import BuiltinRegistryBackend, StatusNotifier, Writer
 from adapter.services.registry_fields import Lifetimes
 from adapter.services.registry_http import RestCall
 from adapter.services.registry_lifecycle import RegistryExpiry, RegistryPresence
@@ -129,6 +129,11 @@ ALICE_OIDC = Identity(
 )
 
 
+def writer(runtime: str | None, identity: Identity | None = None) -> Writer | None:
+    """A runtime writing through the MN, its claim named after it (one credential each)."""
+    return None if runtime is None else Writer(runtime, f"claim-of-{runtime}", identity)
+
+
 @dataclass
 class Real:
     backend: BuiltinRegistryBackend
@@ -142,13 +147,11 @@ class Real:
         identity: Identity | None = None,
     ) -> tuple[int, Any]:
         call = RestCall("PUT", segments, body=orjson.dumps(body))
-        # Named only when there is one: the back end's older signature had no `identity`.
-        extra = {} if identity is None else {"identity": identity}
-        answer = await self.backend.call(call, runtime=runtime, **extra)
+        answer = await self.backend.call(call, writer=writer(runtime, identity))
         return answer.status, answer.json()
 
     async def delete(self, segments: tuple[str, ...], runtime: str | None) -> tuple[int, Any]:
-        answer = await self.backend.call(RestCall("DELETE", segments), runtime=runtime)
+        answer = await self.backend.call(RestCall("DELETE", segments), writer=writer(runtime))
         return answer.status, answer.json()
 
     async def get(self, segments: tuple[str, ...]) -> Any:
@@ -228,10 +231,12 @@ async def test_the_operator_is_not_checked(real: Real) -> None:
     assert (await real.put(("hyperty", "url", H1), {}, None))[0] == 200
     assert (await real.put(("hyperty", "url", H1), {"status": "created"}, None))[0] == 200
     assert (await real.delete(("hyperty", "user", ALICE, H1), None))[0] == 200
-    # Registered by the operator, the entry belongs to the runtime it names.
+    # Registered by the operator, the entry is the operator's: no runtime's credential stands
+    # behind it, so no runtime changes it, not even the one it names.
     assert (await real.put(("hyperty", "user", BOB, H2), _hyperty(RT2), None))[0] == 200
     assert (await real.put(("hyperty", "url", H2), {}, RT1))[0] == 403
-    assert (await real.put(("hyperty", "url", H2), {}, RT2))[0] == 200
+    assert (await real.put(("hyperty", "url", H2), {}, RT2))[0] == 403
+    assert (await real.put(("hyperty", "url", H2), {}, None))[0] == 200
 
 
 async def test_an_anonymous_runtime_cannot_register_under_a_held_user(real: Real) -> None:
@@ -277,10 +282,13 @@ async def test_a_verified_user_is_not_blocked_by_an_anonymous_holder(real: Real)
     # Alice on another device (another verified runtime) keeps what RT2 registered.
     other_device = "runtime://example.com/3"
     shouting = Identity(
-        user_id=ALICE.upper(), idp_domain="example.com", method="oidc", authenticated=True
+        user_id=ALICE.replace("example.com", "EXAMPLE.com"),
+        idp_domain="example.com",
+        method="oidc",
+        authenticated=True,
     )
     hyperty_3 = "hyperty://example.com/h-3"
-    # The identity's spellings compare case-insensitively.
+    # A user URL's host compares case-insensitively (its user part does not).
     segments = ("hyperty", "user", ALICE, hyperty_3)
     assert (await real.put(segments, _hyperty(other_device), other_device, shouting))[0] == 200
     assert list(await real.get(("hyperty", "user", ALICE))) == [H2, hyperty_3]
@@ -293,7 +301,7 @@ async def test_a_requests_status_changes_wait_for_its_caller_to_publish_them(rea
     real.notes.clear()
     changes: list[Any] = []
     call = RestCall("PUT", ("hyperty", "url", H1), body=orjson.dumps({"status": "disconnected"}))
-    answer = await real.backend.call(call, runtime=RT1, changes=changes)
+    answer = await real.backend.call(call, writer=writer(RT1), changes=changes)
     assert answer.status == 200
     assert real.notes == [] and [(c.url, c.status) for c in changes] == [(H1, "disconnected")]
     await real.backend.publish(changes)

@@ -27,7 +27,14 @@ class Rows:
         self.by_runtime: dict[str, int] = {}
 
     async def create(
-        self, runtime_url: str, user_id: str, key: str, protected: bool, identity: str | None
+        self,
+        runtime_url: str,
+        user_id: str,
+        key: str,
+        protected: bool,
+        identity: str | None,
+        claim: str,
+        kept: Any = None,
     ) -> int:
         await asyncio.sleep(0.001)  # a round trip: room for a race
         if runtime_url in self.by_runtime:
@@ -38,7 +45,10 @@ class Rows:
     async def set_state(self, session_id: int, state: SessionState, protect: bool = False) -> None:
         await asyncio.sleep(0)
 
-    async def delete(self, session_id: int) -> None:
+    async def claim_of(self, runtime_url: str) -> None:
+        return None
+
+    async def release(self, session_id: int, kept: Any) -> None:
         await asyncio.sleep(0.001)
         self.by_runtime = {k: v for k, v in self.by_runtime.items() if v != session_id}
 
@@ -49,7 +59,7 @@ class Rows:
         return []
 
 
-async def database_away(_session_id: int) -> None:
+async def database_away(_session_id: int, _kept: Any = None) -> None:
     """A session delete while the database is unavailable."""
     raise OSError("the database is away")
 
@@ -136,14 +146,14 @@ async def test_a_disconnect_the_database_refuses_for_a_while_still_releases() ->
     rows: Any = sessions._rows
     attachment = await sessions.attach("runtime://d/db", Link(), None, None)
 
-    rows.delete = database_away
+    rows.release = database_away
     leaving = asyncio.create_task(sessions.disconnect(attachment))
     await asyncio.sleep(0.3)
     assert not leaving.done() and not attachment.session.released
     coming_back = asyncio.create_task(sessions.attach("runtime://d/db", Link(), None, None))
     await asyncio.sleep(0.1)
     assert not coming_back.done(), "a connect must wait for the release it would race"
-    del rows.delete  # the database is back
+    del rows.release  # the database is back
     assert await leaving
     again = await coming_back
     assert again.session is not attachment.session and attachment.session.released
@@ -157,7 +167,7 @@ async def test_a_release_the_database_keeps_refusing_leaves_the_session_whole(
     rows: Any = sessions._rows
     attachment = await sessions.attach("runtime://d/db", Link(), None, None)
 
-    rows.delete = database_away
+    rows.release = database_away
     with pytest.raises(OSError):
         await sessions.disconnect(attachment)
     # Whole, not half gone (out of memory while its row still holds the runtimeURL): expiry
@@ -172,10 +182,10 @@ async def test_an_expiry_the_database_refuses_is_tried_again_at_the_next_round()
     rows: Any = sessions._rows
     await sessions.detach(await sessions.attach("runtime://d/old", Link(), None, None))
 
-    rows.delete = database_away
+    rows.release = database_away
     await sessions.expire()
     assert sessions.by_runtime("runtime://d/old") is not None
-    del rows.delete
+    del rows.release
     await sessions.expire()
     assert sessions.by_runtime("runtime://d/old") is None and rows.by_runtime == {}
 
