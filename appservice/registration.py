@@ -42,9 +42,7 @@ def build_registration(
         "receive_ephemeral": receive_ephemeral,
         "namespaces": {
             "users": [{"exclusive": True, "regex": f"@{re.escape(user_prefix)}[^:]*:{server}$"}],
-            "aliases": [
-                {"exclusive": True, "regex": f"#{re.escape(alias_prefix)}[^:]*:{server}$"}
-            ],
+            "aliases": [{"exclusive": True, "regex": f"#{re.escape(alias_prefix)}[^:]*:{server}$"}],
             "rooms": [],
         },
     }
