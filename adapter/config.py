@@ -102,6 +102,10 @@ class AppserviceConfig(_Strict):
     listen: ListenAddress = ListenAddress(port=8009)
     # Where the homeserver reaches us; goes into the registration file as `url`.
     public_url: HttpUrl | None = None
+    # The names the homeserver and operators reach this listener by, besides public_url's
+    # host (the dashboard, /metrics, the registry REST API). Requests naming any other host
+    # are refused 421 (DNS rebinding); IP addresses and loopback names are always answered.
+    public_hosts: list[str] = []
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
 
     @field_validator("sender_localpart", "user_prefix", "alias_prefix")
@@ -143,9 +147,13 @@ class StubConfig(_Strict):
     # were handed a token are protected either way (docs/stub-protocol.md).
     tokenless_sessions: Literal["allow", "refuse"] = "refuse"
     # Web pages (their `Origin`, scheme://host[:port], or "*" for any) whose scripts may open
-    # stub connections. Unset: the node's own origin and pages served from loopback. Runtimes
+    # stub connections. Unset: the node's own pages and pages served from loopback. Runtimes
     # outside browsers send no Origin and are not affected.
     allowed_origins: list[str] | None = None
+    # The names runtimes and browsers reach this listener by (its public host names, e.g.
+    # behind a reverse proxy). Requests naming any other host are refused 421 (DNS
+    # rebinding); IP addresses and loopback names are always answered.
+    public_hosts: list[str] = []
 
 
 class OidcConfig(_Strict):

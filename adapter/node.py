@@ -100,6 +100,7 @@ from .storage.transactions import SqlTransactionStore
 from .stub.acks import AckSender
 from .stub.endpoint import StubEndpoint
 from .web_endpoints import WebPages
+from .web_hosts import KnownHosts, url_host
 
 log = structlog.get_logger(__name__)
 
@@ -609,7 +610,13 @@ class Node:
                 await self._shared_routes.listening.wait()
         await self._load_state()
 
-        as_app = web.Application(client_max_size=cfg.appservice.max_body_bytes)
+        as_hosts = KnownHosts(
+            [*cfg.appservice.public_hosts, url_host(cfg.appservice.url)],
+            "appservice.public_hosts",
+        )
+        as_app = web.Application(
+            client_max_size=cfg.appservice.max_body_bytes, middlewares=[as_hosts.middleware]
+        )
         queries = NamespaceQueries(self.api, self._session_rows, cfg.appservice.user_prefix)
         handler: TransactionHandler = self.inbound
         if self._dashboard_tap is not None:
@@ -673,7 +680,9 @@ class Node:
             assert self._take_over is not None
             await self._take_over.finish_unfinished(self._unfinished)
             self._unfinished = []
-        stub_app = web.Application()
+        stub_app = web.Application(
+            middlewares=[KnownHosts(cfg.stub.public_hosts, "stub.public_hosts").middleware]
+        )
         WebPages(cfg.domain).add_routes(stub_app)
         self.stub_endpoint.add_routes(stub_app)
         self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)

@@ -5,17 +5,22 @@ anywhere: without this check, any site a user visits could open a stub connectio
 their machine or network and act as a runtime. Runtimes outside browsers (Node.js) send no
 ``Origin`` and are not affected.
 
-``stub.allowed_origins`` lists the origins accepted (``scheme://host[:port]``, or ``*`` for any);
-the node's own origin (a page it serves itself, such as ``/demo``) is always accepted, and when
-the list is unset so are pages served from loopback.
+An origin is compared with what the node is configured to be, never with the request's own
+``Host`` header, which the page's author chooses (DNS rebinding). Accepted:
+- an origin listed in ``stub.allowed_origins`` (``scheme://host[:port]``, or ``*`` for any);
+- the node's own pages (such as ``/demo``): an origin whose host is one of ``stub.public_hosts``,
+  or the IP address and port the connection arrived at;
+- when ``stub.allowed_origins`` is unset, pages served from loopback.
 """
 
 from __future__ import annotations
 
-import ipaddress
+from collections.abc import Iterable
 
 from aiohttp import web
 from yarl import URL
+
+from ..web_hosts import host_name, is_ip_literal, is_loopback_name
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
@@ -32,19 +37,11 @@ def _normal(origin: str) -> str | None:
     return f"{url.scheme.lower()}://{url.host.lower()}:{port}"
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 class OriginCheck:
-    def __init__(self, allowed: list[str] | None) -> None:
+    def __init__(self, allowed: list[str] | None, public_hosts: Iterable[str] = ()) -> None:
         self._any = allowed is not None and "*" in allowed
         self._allowed = None if allowed is None else {_normal(o) for o in allowed} - {None}
+        self._own_names = frozenset(host_name(h) for h in public_hosts if h)
 
     def refusal(self, request: web.Request) -> str | None:
         """Why this upgrade's origin may not connect, or None when it may."""
@@ -54,12 +51,14 @@ class OriginCheck:
         normal = _normal(origin)
         if normal is None:
             return f"origin {origin[:100]!r} may not open stub connections"
-        if self._same_origin(normal, request):
+        url = URL(normal)
+        host = url.host or ""
+        if host in self._own_names or self._arrived_at(host, url.port, request):
             return None
         if self._allowed is not None:
             if normal in self._allowed:
                 return None
-        elif _is_loopback(URL(normal).host or ""):
+        elif is_loopback_name(host):
             return None
         return (
             f"origin {origin[:100]!r} may not open stub connections "
@@ -67,9 +66,12 @@ class OriginCheck:
         )
 
     @staticmethod
-    def _same_origin(normal: str, request: web.Request) -> bool:
-        # Scheme aside: behind a TLS proxy the page is https and the upgrade reaches us as http.
-        host = URL(normal)
-        served = URL(f"http://{request.host}")
-        served_port = served.port if served.explicit_port else host.port
-        return host.host == (served.host or "").lower() and host.port == served_port
+    def _arrived_at(host: str, port: int | None, request: web.Request) -> bool:
+        """Whether the origin is the address and port this connection arrived at: a page the
+        node served from that address (the socket says so, not a header)."""
+        if not is_ip_literal(host) or request.transport is None:
+            return False
+        local = request.transport.get_extra_info("sockname")
+        if not isinstance(local, tuple) or len(local) < 2:
+            return False
+        return bool(str(local[0]).lower() == host and local[1] == port)

@@ -1,6 +1,8 @@
 // The ops dashboard: draws what data.json (adapter/analytics/panels.py) holds. plotly.js draws
 // the charts; the tiles and number tables are plain DOM, filled with textContent only (the
-// addresses in the data come from runtimes and are never parsed as HTML).
+// addresses in the data come from runtimes and are never parsed as HTML). plotly.js reads a
+// few tags (<a href>, <b>, <br>) in the text it draws, so every string a trace carries is
+// handed to it with <, > and & as entities, which it shows as those characters.
 "use strict";
 
 (function () {
@@ -106,6 +108,23 @@
     return box;
   }
 
+  function plainText(value) {
+    if (typeof value === "string") {
+      return value.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+    }
+    return Array.isArray(value) ? value.map(plainText) : value;
+  }
+
+  function asText(traces) {
+    return traces.map((trace) => {
+      const copy = Object.assign({}, trace);
+      for (const key of ["x", "y", "text", "labels", "name", "hovertext", "customdata"]) {
+        if (key in copy) copy[key] = plainText(copy[key]);
+      }
+      return copy;
+    });
+  }
+
   function drawPanel(panel) {
     const box = section(panel);
     box.querySelector("figcaption").textContent = panel.title;
@@ -122,7 +141,7 @@
     box.dataset.state = panel.points > 0 ? "drawn" : "empty";
     box.dataset.points = String(panel.points);
     const layout = Object.assign({ autosize: true }, panel.figure.layout);
-    Plotly.react(chart, panel.figure.data, layout, { displaylogo: false, responsive: true });
+    Plotly.react(chart, asText(panel.figure.data), layout, { displaylogo: false, responsive: true });
     drawTable(box, panel.table);
   }
 

@@ -168,3 +168,40 @@ def test_addresses_from_the_traffic_are_text_not_markup(tmp_path: Path, browser:
     assert cell == hostile
     assert injected == 0
     assert all(url.startswith("file://") for url in requested)
+
+
+@needs_chromium
+def test_an_address_spelled_as_a_link_is_drawn_as_text_in_the_chart(
+    tmp_path: Path, browser: Any
+) -> None:
+    """plotly.js reads a few tags in the text it draws: an address spelled like a link (which a
+    runtime chooses) is drawn as the characters it is, never as a link in the operator's page."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    forged = '<a href="https://evil.example/">runtime://d/click-me</a>'
+    (tmp_path / names.TOP_TALKERS).mkdir()
+    pq.write_table(
+        pa.table(
+            {
+                "talker": ["runtime"],
+                "rank": [1],
+                "address": [forged],
+                "messages": [3],
+                "bytes": [9],
+            }
+        ),
+        tmp_path / names.TOP_TALKERS / "part-00000.parquet",
+    )
+    _, errors, _requested, page = _open(browser, build_dashboard(tmp_path, tmp_path / "d.html"))
+    links = page.evaluate(
+        "() => [...document.querySelectorAll('#panel-top-runtimes .main-svg a')].length"
+    )
+    drawn = page.evaluate(
+        "() => document.querySelector('#panel-top-runtimes .main-svg').textContent"
+    )
+    page.close()
+
+    assert errors == []
+    assert links == 0
+    assert forged in drawn

@@ -212,3 +212,37 @@ async def test_only_allowed_web_origins_open_stub_connections(
     assert await _upgrade_status(stub, f"http://127.0.0.1:{node.stub_port}") == 101
     assert await _upgrade_status(stub, "http://localhost:5173") == 403
     assert await _upgrade_status(stub, "https://evil.example") == 403
+
+
+async def test_a_name_rebound_to_the_node_reaches_no_listener(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """DNS rebinding: a page on evil.example whose name now points at the node. Its requests
+    name evil.example in Host and Origin; neither may be compared with the other. Every
+    listener refuses the name (421); the stub refuses the origin even under a Host it knows."""
+    node = await start_node(await databases.migrated_sqlite(), **{"stub.public_hosts": ["mn.test"]})
+    evil = f"http://evil.example:{node.stub_port}"
+    async with aiohttp.ClientSession() as http:
+        for port, path in (
+            (node.stub_port, "/stub/protostub.js"),
+            (node.stub_port, "/demo"),
+            (node.appservice_port, "/health"),
+            (node.appservice_port, "/metrics"),
+            (node.appservice_port, "/dashboard/data.json"),
+        ):
+            async with http.get(
+                f"http://127.0.0.1:{port}{path}", headers={"Host": f"evil.example:{port}"}
+            ) as refused:
+                assert refused.status == 421, (path, refused.status)
+            async with http.get(f"http://127.0.0.1:{port}{path}") as known:
+                assert known.status != 421, path
+        with pytest.raises(aiohttp.WSServerHandshakeError) as upgrade:
+            await http.ws_connect(
+                stub_url(node),
+                params={"runtimeURL": f"runtime://{D}/rebound"},
+                headers={"Host": f"evil.example:{node.stub_port}", "Origin": evil},
+            )
+        assert upgrade.value.status == 421
+    # A Host the node knows, an Origin it does not: the page is still not the node's.
+    assert await _upgrade_status(stub_url(node), evil) == 403
+    assert await _upgrade_status(stub_url(node), f"http://mn.test:{node.stub_port}") == 101
