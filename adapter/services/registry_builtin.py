@@ -63,6 +63,9 @@ class BuiltinDomainRegistry:
         if refused is not None:
             return ServiceReply(refused.code, desc=refused.reason)
         changes: list[StatusChange] = []
+        if requester.claim is None and call.method != "GET":
+            # Only a runtime's credential owns entries (a peer domain's runtime reads only).
+            return ServiceReply(403, desc="only a runtime of this domain writes to its registry")
         writer = Writer(requester.runtime_url, requester.claim or "", requester.identity)
         answer = await self._backend.call(call, writer=writer, changes=changes)
         reply = domain_reply(call, answer)

@@ -68,7 +68,9 @@ class Harness:
         identity: Identity | None = None,
     ) -> ServiceReply:
         message = self.message(kind, body, runtime)
-        reply = await self.built.service.handle(message, Requester(1, runtime, identity))
+        # One credential per runtime: its claim is named after it.
+        requester = Requester(1, runtime, identity, claim=f"claim-of-{runtime}")
+        reply = await self.built.service.handle(message, requester)
         if reply.then is not None:
             await reply.then()  # as the node does, once the answer is on its way
         return reply
