@@ -32,26 +32,33 @@ class AckHello:
     received: int  # the highest delivery number it has
 
 
-# Requests a runtime sent that it may still be answered, at most (the oldest are forgotten: an
-# answer to one of those is refused as one to a request never sent).
-ASKED_REQUESTS = 4096
+# The destinations of requests a runtime sent that it may still be answered, at most (the
+# oldest requests are forgotten first: an answer to one of those is refused as one to a request
+# never sent). Counted in addresses, so that requests naming many destinations cost their size.
+ASKED_ADDRESSES = 4096
 
 
 class AskedRequests:
     """What a runtime asked and where: so that an answer is taken only from an address its
     request went to (access.py, "Answer"). Bounded, the oldest forgotten first."""
 
-    __slots__ = ("_asked",)
+    __slots__ = ("_asked", "_held")
 
     def __init__(self) -> None:
         self._asked: OrderedDict[Any, tuple[str, ...]] = OrderedDict()
+        self._held = 0
 
     def note(self, request_id: Any, to: tuple[str, ...]) -> None:
         key = _request_key(request_id)
         earlier = self._asked.pop(key, None)
-        self._asked[key] = to if earlier is None else tuple(dict.fromkeys(earlier + to))
-        if len(self._asked) > ASKED_REQUESTS:
-            self._asked.popitem(last=False)
+        if earlier is not None:
+            self._held -= len(earlier)
+            to = tuple(dict.fromkeys(earlier + to))
+        self._asked[key] = to
+        self._held += len(to)
+        while self._held > ASKED_ADDRESSES and self._asked:
+            _key, forgotten = self._asked.popitem(last=False)
+            self._held -= len(forgotten)
 
     def went_to(self, request_id: Any) -> tuple[str, ...]:
         """Where the request went; empty when it was never sent (or is forgotten)."""

@@ -16,7 +16,7 @@ from adapter.access import LEARN, OWN, AccessMonitor, Refusal
 from adapter.addresses import runtime_url_problem, spelling_problem
 from adapter.identity.model import Identity
 from adapter.routing_table import RoutingTable
-from adapter.sessions.session import AskedRequests
+from adapter.sessions.session import ASKED_ADDRESSES, AskedRequests
 
 ALICE_ID, BOB_ID = 1, 2
 BOB_IDENTITY = Identity(
@@ -281,3 +281,16 @@ def test_a_runtime_url_is_an_opaque_id_in_this_domain() -> None:
         None,
     ]:
         assert runtime_url_problem(bad, "d") is not None, bad
+
+
+def test_what_a_runtime_asked_is_remembered_within_a_bound_of_addresses() -> None:
+    asked = AskedRequests()
+    wide = tuple(f"hyperty://d/{n}" for n in range(256))
+    for n in range(64):
+        asked.note(n, wide)
+    asked.note("last", ("hyperty://d/b",))
+    assert asked.went_to("last") == ("hyperty://d/b",)
+    assert asked.went_to(0) == ()  # forgotten: the oldest go first
+    assert asked.went_to(63) == wide
+    held = sum(len(asked.went_to(n)) for n in range(64)) + 1
+    assert held <= ASKED_ADDRESSES
