@@ -42,6 +42,12 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
+def claim_of(runtime: str) -> str:
+    """One credential per runtime here: its claim, what its entries are owned by, named after
+    it (what presence follows)."""
+    return f"claim-of-{runtime}"
+
+
 @dataclass
 class Harness:
     built: BuiltinRegistry
@@ -68,8 +74,7 @@ class Harness:
         identity: Identity | None = None,
     ) -> ServiceReply:
         message = self.message(kind, body, runtime)
-        # One credential per runtime: its claim is named after it.
-        requester = Requester(1, runtime, identity, claim=f"claim-of-{runtime}")
+        requester = Requester(1, runtime, identity, claim=claim_of(runtime))
         reply = await self.built.service.handle(message, requester)
         if reply.then is not None:
             await reply.then()  # as the node does, once the answer is on its way

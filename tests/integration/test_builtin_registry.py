@@ -22,6 +22,7 @@ from .registry_support import (
     SWEEP_INTERVAL,
     D,
     Harness,
+    claim_of,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -284,7 +285,7 @@ async def test_presence_follows_the_registering_runtime(registry: Harness) -> No
     registry.take_notes()
     presence = registry.built.presence
 
-    await presence.runtime_away(RT1)
+    await presence.runtime_away(claim_of(RT1))
     assert registry.take_notes() == [(H1, DISCONNECTED), (H2, DISCONNECTED), (CHAT1, DISCONNECTED)]
     all_gone = await registry.read(ALICE)
     assert all_gone.code == 408 and all_gone.desc == "Temporarily Unavailable"
@@ -293,17 +294,17 @@ async def test_presence_follows_the_registering_runtime(registry: Harness) -> No
     assert (await registry.read(CHAT1)).value["status"] == DISCONNECTED
 
     registry.clock.advance(200)  # beyond the 120 s lifetime: the resume restarts it
-    await presence.runtime_back(RT1)
+    await presence.runtime_back(claim_of(RT1))
     assert registry.take_notes() == [(H1, LIVE), (H2, LIVE), (CHAT1, LIVE)]
     assert (await registry.read(ALICE)).code == 200
     assert await registry.built.expiry.sweep_once() == (0, 0)
 
     # Detached beyond the grace period: removed, and a late resume revives nothing.
-    await presence.runtime_away(RT1)
+    await presence.runtime_away(claim_of(RT1))
     registry.take_notes()
     registry.clock.advance(GRACE + 1)
     assert (await registry.read(ALICE)).code == 404
-    await presence.runtime_back(RT1)
+    await presence.runtime_back(claim_of(RT1))
     assert registry.take_notes() == []
     assert (await registry.read(ALICE)).code == 404
     assert await registry.built.expiry.sweep_once() == (0, 3)
@@ -318,13 +319,13 @@ async def test_a_runtime_that_comes_back_finds_its_registrations_live(registry: 
     await registry.register_hyperty(H3, BOB, runtime=RT2)
     registry.take_notes()
     presence = registry.built.presence
-    await presence.runtime_away(RT1)  # dropped
-    await presence.runtime_away(RT1)  # then its session ended
-    await presence.runtime_away(RT2)
+    await presence.runtime_away(claim_of(RT1))  # dropped
+    await presence.runtime_away(claim_of(RT1))  # then its session ended
+    await presence.runtime_away(claim_of(RT2))
     assert registry.take_notes() == [(H1, DISCONNECTED), (H3, DISCONNECTED)]
     assert (await registry.read(BOB)).code == 408
-    await presence.runtime_back(RT1)
-    await presence.runtime_back(RT2)
+    await presence.runtime_back(claim_of(RT1))
+    await presence.runtime_back(claim_of(RT2))
     assert registry.take_notes() == [(H1, LIVE), (H3, LIVE)]
     assert (await registry.read(BOB)).code == 200
     # What its lease ended stays disconnected until the runtime says otherwise, whatever its
@@ -332,8 +333,8 @@ async def test_a_runtime_that_comes_back_finds_its_registrations_live(registry: 
     registry.clock.advance(121)  # beyond their 120 s lease, within the grace period
     await registry.built.expiry.sweep_once()
     assert registry.take_notes() == [(H1, DISCONNECTED), (H3, DISCONNECTED)]
-    await presence.runtime_away(RT2)
-    await presence.runtime_back(RT2)
+    await presence.runtime_away(claim_of(RT2))
+    await presence.runtime_back(claim_of(RT2))
     assert registry.take_notes() == []
     assert (await registry.read(BOB)).code == 408
 
@@ -345,14 +346,14 @@ async def test_a_runtime_back_within_the_presence_delay_changes_nothing(
     presence = RegistryPresence(built._store, built._notifier, 0.3)
     await registry.register_hyperty(H1, ALICE, runtime=RT1)
     registry.take_notes()
-    await presence.runtime_away(RT1)  # a reload: gone and back at once
-    await presence.runtime_back(RT1)
+    await presence.runtime_away(claim_of(RT1))  # a reload: gone and back at once
+    await presence.runtime_back(claim_of(RT1))
     await asyncio.sleep(0.5)
     assert registry.take_notes() == [] and (await registry.read(ALICE)).code == 200
-    await presence.runtime_away(RT1)  # gone for longer than the delay
+    await presence.runtime_away(claim_of(RT1))  # gone for longer than the delay
     await asyncio.sleep(0.5)
     assert registry.take_notes() == [(H1, DISCONNECTED)]
-    await presence.runtime_back(RT1)
+    await presence.runtime_back(claim_of(RT1))
     assert registry.take_notes() == [(H1, LIVE)]
     await presence.stop()
 

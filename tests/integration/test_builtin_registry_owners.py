@@ -20,7 +20,17 @@ from adapter.services.registry_http import RestCall
 from adapter.storage.database import Database
 from adapter.storage.registry_models import DISCONNECTED, LIVE
 
-from .registry_support import ALICE, BOB, GRACE, RT1, RT2, D, Harness, registry_config
+from .registry_support import (
+    ALICE,
+    BOB,
+    GRACE,
+    RT1,
+    RT2,
+    D,
+    Harness,
+    claim_of,
+    registry_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -84,11 +94,11 @@ async def _still_rt1s(registry: Harness, before: tuple[Any, ...]) -> None:
     assert await _everything(registry) == before
     assert registry.take_notes() == []
     # Still RT1's: its presence moves them, RT2's does not.
-    await registry.built.presence.runtime_away(RT2)
+    await registry.built.presence.runtime_away(claim_of(RT2))
     assert registry.take_notes() == []
-    await registry.built.presence.runtime_away(RT1)
+    await registry.built.presence.runtime_away(claim_of(RT1))
     assert registry.take_notes() == [(H1, DISCONNECTED), (CHAT1, DISCONNECTED)]
-    await registry.built.presence.runtime_back(RT1)
+    await registry.built.presence.runtime_back(claim_of(RT1))
     assert registry.take_notes() == [(H1, LIVE), (CHAT1, LIVE)]
 
 
@@ -184,9 +194,9 @@ async def test_a_verified_runtime_registers_under_its_own_user_only(registry: Ha
     )
     assert (await registry.read(ALICE)).code == 404 and registry.take_notes() == []
 
-    # Under its own user URL (any spelling's case) the anonymous holder does not block it, and
-    # what RT1 registered there, never Bob's, is gone.
-    bob = BOB.replace("bob", "Bob")
+    # Under its own user URL (its host in any case) the anonymous holder does not block it,
+    # and what RT1 registered there, never Bob's, is gone.
+    bob = BOB.replace(D, D.upper())
     reply = await registry.register_hyperty(H2, bob, runtime=RT2, identity=BOB_VERIFIED)
     assert reply.code == 200
     again = await registry.register_hyperty(H2, BOB, runtime=RT2, identity=BOB_VERIFIED)
