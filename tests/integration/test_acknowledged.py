@@ -172,7 +172,7 @@ async def test_a_request_answered_just_before_a_graceful_stop_is_not_executed_ag
         rt.stub_url = stub_url(node)
         await rt.connect()
         assert await rt.nothing_within(1.0), "the request was executed a second time"
-        assert node.table.owner(address) is not None
+        assert node.monitor.holder(address) is not None
     finally:
         await rt.close()
 

@@ -110,7 +110,7 @@ async def test_runtimes_on_two_processes_reach_each_other_in_order(
         [b] = await bob.allocate(D)
         # Each process knows the other's runtime's address (the database announced it).
         async with asyncio.timeout(10):
-            while p1.table.owner(b) is None or p2.table.owner(a) is None:
+            while p1.monitor.holder(b) is None or p2.monitor.holder(a) is None:
                 await asyncio.sleep(0.02)
         for n in range(1, 51):
             await alice.send(_message(n, a, b))
@@ -151,7 +151,7 @@ async def test_a_runtime_reaching_another_process_takes_its_session_there(
         assert carol.close_code == 4409
         assert p1.sessions.by_runtime(carol.runtime_url) is None
         held = p2.sessions.by_runtime(carol.runtime_url)
-        assert held is not None and p2.table.owner(c) == held.id == p1.table.owner(c)
+        assert held is not None and p2.monitor.holder(c) == held.id == p1.monitor.holder(c)
     finally:
         await carol.close()
         await again.close()
@@ -266,7 +266,7 @@ async def test_a_sender_moving_keeps_its_order_for_a_third_process(
         [i] = await ivan.allocate(D)
         [j] = await judy.allocate(D)
         async with asyncio.timeout(10):
-            while any(node.table.owner(j) is None for node in (p1, p2)):
+            while any(node.monitor.holder(j) is None for node in (p1, p2)):
                 await asyncio.sleep(0.02)
         total, sent = 150, 0
         for target in (p2, p1, None):
@@ -316,7 +316,7 @@ async def test_a_new_holder_dying_before_it_stored_what_it_read_again_loses_noth
         [i] = await ivan.allocate(D)
         [j] = await judy.allocate(D)
         async with asyncio.timeout(10):
-            while any(node.table.owner(j) is None for node in (p2, p3)):
+            while any(node.monitor.holder(j) is None for node in (p2, p3)):
                 await asyncio.sleep(0.02)
         total = 40
         for n in range(1, total + 1):
@@ -442,7 +442,7 @@ async def test_a_process_added_under_load_takes_new_runtimes_at_once(
         [k] = await kate.allocate(D)
         added = time.monotonic()
         async with asyncio.timeout(5):
-            while p1.table.owner(k) is None or p2.table.owner(i) is None:
+            while p1.monitor.holder(k) is None or p2.monitor.holder(i) is None:
                 await asyncio.sleep(0.01)
         await kate.send(_message(1, k, i))
         reply = await ivan.receive(timeout=5)
@@ -480,7 +480,7 @@ async def test_a_process_restarted_delivers_what_its_runtimes_were_sent_meanwhil
         [d] = await dave.allocate(D)
         [e] = await erin.allocate(D)
         async with asyncio.timeout(10):
-            while p1.table.owner(e) is None:
+            while p1.monitor.holder(e) is None:
                 await asyncio.sleep(0.02)
         await dave.send(_message(1, d, e))
         assert (await erin.receive())["body"]["n"] == 1
@@ -516,7 +516,7 @@ async def test_the_sessions_of_a_process_that_is_gone_are_taken_over(
         [f] = await frank.allocate(D)
         [g] = await grace.allocate(D)
         async with asyncio.timeout(10):
-            while p1.table.owner(g) is None:
+            while p1.monitor.holder(g) is None:
                 await asyncio.sleep(0.02)
         for n in range(1, 11):
             await frank.send(_message(n, f, g))
@@ -564,7 +564,7 @@ async def test_a_runtime_of_a_gone_process_connecting_elsewhere_takes_its_sessio
         await heidi.connect()
         assert heidi.connect_answer is not None and heidi.connect_answer["response"] == 200
         assert heidi.connect_answer["data"]["session"] == "resumed"
-        assert p1.table.owner(h) == p1.sessions.by_runtime(heidi.runtime_url).id  # type: ignore[union-attr]
+        assert p1.monitor.holder(h) == p1.sessions.by_runtime(heidi.runtime_url).id  # type: ignore[union-attr]
     finally:
         await heidi.close()
         await p2.stop()

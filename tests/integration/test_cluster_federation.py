@@ -156,7 +156,7 @@ async def test_a_subscription_across_domains_from_a_process_that_does_not_federa
         assert answer["body"]["code"] == 200
         # Answered before B confirmed (only p1 hears B's answer): wait until B has it.
         async with asyncio.timeout(30):
-            while not b.table.destinations((changes,), None).domains:
+            while not b.monitor.receivers((changes,), None).domains:
                 await asyncio.sleep(0.05)
         for n in range(1, 11):
             await reporter.send({"id": f"u{n}", "type": "update", "from": obj, "to": changes})
@@ -169,7 +169,7 @@ async def test_a_subscription_across_domains_from_a_process_that_does_not_federa
         )
         assert left["body"]["code"] == 200
         async with asyncio.timeout(30):
-            while b.table.destinations((changes,), None).domains:
+            while b.monitor.receivers((changes,), None).domains:
                 await asyncio.sleep(0.05)
     finally:
         await watcher.close()

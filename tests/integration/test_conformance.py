@@ -86,19 +86,19 @@ async def test_hyperty_deletes(connect: Connect, node: Node) -> None:
     [foreign] = await other.allocate(D)
 
     answer = await rt.request(HYPERTY_EP, "delete", {"childrenResources": [a]})
-    assert answer["body"]["code"] == 200 and table.owner(a) is None
+    assert answer["body"]["code"] == 200 and node.monitor.holder(a) is None
     # A nested list must not crash; the addresses inside are removed.
     answer = await rt.request(HYPERTY_EP, "delete", {"childrenResources": [block]})
     assert answer["body"]["code"] == 200
-    assert all(table.allocated_owner(x) is None for x in block)
+    assert all(table.allocated_holder(x) is None for x in block)
     answer = await rt.request(HYPERTY_EP, "delete", {"resource": "my-key"})
     assert answer["body"]["code"] == 200
-    assert all(table.allocated_owner(x) is None for x in keyed)
+    assert all(table.allocated_holder(x) is None for x in keyed)
     # Unknown key: fine. Nothing to delete: 400. Another runtime's address: untouched.
     assert (await rt.request(HYPERTY_EP, "delete", {"resource": "nope"}))["body"]["code"] == 200
     assert (await rt.request(HYPERTY_EP, "delete", {}))["body"]["code"] == 400
     await rt.request(HYPERTY_EP, "delete", {"childrenResources": [foreign]})
-    assert table.allocated_owner(foreign) is not None
+    assert table.allocated_holder(foreign) is not None
 
 
 async def test_object_and_phase2_allocation(connect: Connect) -> None:

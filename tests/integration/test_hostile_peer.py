@@ -231,13 +231,13 @@ async def test_a_peer_subscribes_only_to_this_domains_streams_for_a_named_runtim
     assert (await _answer(arena, orjson.loads(nameless)["id"]))["body"]["code"] == 400
     assert await a._remote_subscriptions.all() == []
     # A-local traffic to bob stays in A.
-    assert a.table.destinations((arena.bo,), None).domains == frozenset()
+    assert a.monitor.receivers((arena.bo,), None).domains == frozenset()
     # A stream of A is granted to the named B runtime, and ends with it.
     stream = f"{arena.al}/changes"
     granted = _sub("subscribe", [stream])
     await b.send([("bnode", b.n + 1, [f"domain://msg-node.{A}/sm"], granted)])
     assert (await _answer(arena, orjson.loads(granted)["id"]))["body"]["code"] == 200
-    assert a.table.destinations((stream,), None).domains == {B}
+    assert a.monitor.receivers((stream,), None).domains == {B}
     assert await a._remote_subscriptions.all() == [(stream, B, f"runtime://{B}/r1")]
     left = orjson.dumps(
         {
@@ -250,7 +250,7 @@ async def test_a_peer_subscribes_only_to_this_domains_streams_for_a_named_runtim
     ).decode()
     await b.send([("bnode", b.n + 1, [f"domain://msg-node.{A}/sm"], left)])
     assert (await _answer(arena, "left"))["body"]["code"] == 200
-    assert a.table.destinations((stream,), None).domains == frozenset()
+    assert a.monitor.receivers((stream,), None).domains == frozenset()
     assert await a._remote_subscriptions.all() == []
 
 
