@@ -36,7 +36,8 @@ from ..support.runtime import PyRuntime
 
 pytestmark = [pytest.mark.integration]
 A, B = "a.mn.test", "b.mn.test"
-PROTECTED = f"user://{A}/protected"
+# A route Carol learned (an address of a domain neither node serves): known, and protected.
+PROTECTED = "hyperty://elsewhere.example/protected"
 HELLO_SECONDS = 90
 
 
@@ -172,7 +173,7 @@ async def arena(
     try:
         [al] = await alice.allocate(A)
         [bo] = await bob.allocate(A)
-        # Carol speaks from the protected address (a learned route): the policy keeps B away.
+        # Carol speaks from the protected address (a route it learned): the policy keeps B away.
         await carol.send({"id": "c0", "type": "ping", "from": PROTECTED, "to": bo})
         assert (await bob.receive(10))["id"] == "c0"
         await hostile.hello(bob, bo)
