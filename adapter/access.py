@@ -20,7 +20,8 @@ do what"):
   holds. ``<object>/subscription`` is the reporter's request channel: only the object's holder
   receives it.
 - **Send to.** A registration status (``<hyperty>/registration``) is published by the node
-  only, a data object's changes by the object's holder only.
+  only (a peer's node, for its own domain's hyperties), a data object's changes by the
+  object's holder only.
 - **Subscribe to.** Streams, the runtime's own addresses, and addresses nobody holds that are
   nobody's to hold (a stub's URL); never another runtime's address, a runtimeURL, this domain's
   or a peer's unallocated addresses, or another user's address. A peer domain's runtimes
@@ -190,7 +191,10 @@ class AccessMonitor:
     def send_to(self, sender: int | None, address: str) -> Refusal | None:
         """Whether the session ``sender`` (None: a peer domain) may send to ``address``, beyond
         speaking from an address of its own."""
-        if address.endswith(REGISTRATION_SUFFIX):
+        if address.endswith(REGISTRATION_SUFFIX) and (
+            sender is not None or self._in_this_domain(address)
+        ):
+            # A peer domain's node publishes its own hyperties' status, never this domain's.
             return Refusal(403, f"'{address}' is a registration status: only the node publishes it")
         if address.endswith(CHANGES_SUFFIX):
             parent = address[: -len(CHANGES_SUFFIX)]

@@ -161,8 +161,9 @@ def test_only_the_node_publishes_registration_status_and_only_the_reporter_chang
         assert refused is not None and refused.code == 403
     # Anyone may add to an object's children (a group chat's messages).
     assert monitor.send_to(ALICE_ID, "comm://d/bo/children/chat") is None
-    # A peer's own object's changes are the peer's to publish.
+    # A peer's own object's changes, and its own hyperties' status, are the peer's to publish.
     assert monitor.send_to(None, "comm://peer.example/o/changes") is None
+    assert monitor.send_to(None, "hyperty://peer.example/h/registration") is None
 
 
 # -- subscribe to -------------------------------------------------------------------------------
