@@ -6,12 +6,12 @@ of issue 22 and the fuzzer's frames (tests/support/grammar.py). The honest crowd
 both runs is reported side by side, and, per attack, what the hostile runtime obtained.
 
 The attacks aim at a victim pair of its own (so that what leaked can be counted exactly): the
-victim holds a hyperty, a learned user address and a registration; its partner sends to the
+victim holds a hyperty, a learned address and a registration; its partner sends to the
 victim's addresses once a second, and the victim answers through them.
 
 - ``seq_overflow``: a numbered frame whose number is 2^53 + 1 (stalled every lane before);
 - ``subscribe_hyperty`` / ``subscribe_runtime``: the victim's hyperty address or runtimeURL;
-- ``take_address``: a message from the victim's learned user address;
+- ``take_address``: a message from the victim's learned address;
 - ``registry_update`` / ``registry_delete`` / ``registry_keepalive``: the victim's registration;
 - ``foreign_origin``: a WebSocket upgrade from a web page of another origin;
 - ``fuzz``: the fuzzer's frames.
@@ -186,9 +186,12 @@ class Hostile:
         self.v_hyperty = await self._allocate(self.victim)
         self.p_hyperty = await self._allocate(self.partner)
         self.v_user = f"user://{d}/hostile-bench-victim"
-        # The victim speaks from its user address (learned) and registers its hyperty.
+        # An address of a domain the node knows nothing about: learned by the victim when it
+        # speaks from it (a user address is learned only by its verified identity).
+        self.v_learned = "hyperty://elsewhere.example/hostile-bench-victim"
+        # The victim speaks from its learned address and registers its hyperty.
         await self.victim.send(
-            {"id": "hello", "type": "ping", "from": self.v_user, "to": self.p_hyperty}
+            {"id": "hello", "type": "ping", "from": self.v_learned, "to": self.p_hyperty}
         )
         reply = await self.victim.request(
             f"domain://registry.{d}",
@@ -249,7 +252,7 @@ class Hostile:
         self._answered("subscribe_runtime", reply)
 
     async def take_address(self) -> None:
-        reply = await self.attacker.request(self.p_hyperty, "ping", {}, from_=self.v_user)
+        reply = await self.attacker.request(self.p_hyperty, "ping", {}, from_=self.v_learned)
         self._answered("take_address", reply)
 
     async def _registry(self, attack: str, type_: str, body: dict[str, Any]) -> None:
@@ -289,7 +292,7 @@ class Hostile:
     async def _victim_traffic(self, until: float) -> None:
         """The partner writes to the victim's hyperty and user address once a second."""
         while time.time() < until:
-            for to in (self.v_hyperty, self.v_user):
+            for to in (self.v_hyperty, self.v_learned):
                 self.pings_sent += 1
                 await self.partner.send(
                     {"id": f"v{self.pings_sent}", "type": "ping", "from": self.p_hyperty, "to": to}
