@@ -138,11 +138,12 @@ class SessionStore:
         key: str,
         protected: bool,
         identity: str | None,
-        claim: str,
+        claim: str | None = None,
         kept: ClaimRow | None = None,
     ) -> int:
-        """A new session of ``runtime_url`` under ``claim``. ``kept``: the claim the runtimeURL
-        was kept for, which the new session takes up (or which lapsed): it is struck."""
+        """A new session of ``runtime_url`` under ``claim`` (default: a claim of its own, its
+        key). ``kept``: the claim the runtimeURL was kept for, which the new session takes up
+        (or which lapsed): it is struck."""
         now = utcnow()
         row = {
             "runtime_url": runtime_url,
@@ -154,7 +155,7 @@ class SessionStore:
             "created_at": now,
             "last_seen": now,
             "holder": self._holder,
-            "claim": claim,
+            "claim": claim or key,
         }
         created = await self._db.execute_small(self._create, row)
         if not created:

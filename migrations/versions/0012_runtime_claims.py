@@ -34,7 +34,9 @@ def upgrade() -> None:
         "runtime_claims",
         sa.Column("runtime_url", sa.String(2048), nullable=False),
         sa.Column("claim", sa.String(32), nullable=False),
-        sa.Column("session_id", sa.BigInteger(), nullable=False),
+        sa.Column(
+            "session_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
+        ),
         sa.Column("protected", sa.Boolean(), nullable=False),
         sa.Column("identity", sa.Text(), nullable=True),
         sa.Column("released_at", sa.DateTime(timezone=True), nullable=False),

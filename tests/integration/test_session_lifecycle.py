@@ -142,7 +142,9 @@ async def test_a_failure_inside_the_node_is_no_release_and_loses_nothing(
 
     monkeypatch.setattr(node.routes, "learn", failing_learn)
     try:
-        await sender.send({"id": "once", "type": "ping", "from": f"user://{D}/fail", "to": r})
+        await sender.send(
+            {"id": "once", "type": "ping", "from": "hyperty://elsewhere.example/fail", "to": r}
+        )
         async with asyncio.timeout(5):
             while sender.close_code is None:
                 await asyncio.sleep(0.02)
