@@ -138,10 +138,11 @@ function stream(targets, from) {
     while (sentCount < due) {
       const seq = ++sentCount;
       const to = targets[(seq - 1) % targets.length];
-      // `learnEvery`: every nth message from an address never allocated, so that taking it
-      // writes a learned route to the node's database (what a database outage hits).
+      // `learnEvery`: every nth message from an address never allocated (of a domain the node
+      // knows nothing about, the only kind it learns), so that taking it writes a learned route
+      // to the node's database (what a database outage hits).
       const learn = spec.learnEvery && seq % spec.learnEvery === 0;
-      const sentFrom = learn ? `user://${spec.domain}/${spec.name}-${spec.tag}-${seq}` : from;
+      const sentFrom = learn ? `hyperty://elsewhere.example/${spec.name}-${spec.tag}-${seq}` : from;
       bus.send({ id: seq, type: 'update', from: sentFrom, to, body: { sender: spec.name, seq, t: now(), padding } });
     }
     if (performance.now() - reported >= 100) {
