@@ -122,13 +122,7 @@ class AccessMonitor:
         found = self._table.allocated_holder(address)
         return found if found is not None else self._table.learned_holder(address)
 
-    def held_by(self, who: Principal, address: str) -> bool:
-        return self.holder(address) == who.session_id
-
-    def is_service_address(self, address: str) -> bool:
-        return address.startswith(_SERVICE_PREFIXES)
-
-    def is_peer_address(self, address: str) -> bool:
+    def _is_peer_address(self, address: str) -> bool:
         return domain_of(address) in self._peers
 
     def _in_this_domain(self, address: str) -> bool:
@@ -138,7 +132,7 @@ class AccessMonitor:
 
     def speak_from(self, who: Principal, address: str) -> SpeakFrom:
         """Whether ``who`` may send a message from ``address``."""
-        if self.is_service_address(address):
+        if address.startswith(_SERVICE_PREFIXES):
             return Refusal(403, f"'{address}' is an address of the node's own services")
         held = self._table.allocated_holder(address)
         if held is not None:
@@ -178,11 +172,9 @@ class AccessMonitor:
             return Refusal(
                 403,
                 f"'{address}' was not allocated to this runtime: the node allocates this "
-                "domain's addresses (domain://msg-node.{0}/address-allocation)".format(
-                    self._domain
-                ),
+                f"domain's addresses (domain://msg-node.{self._domain}/address-allocation)",
             )
-        if self.is_peer_address(address):
+        if self._is_peer_address(address):
             return Refusal(403, f"'{address}' belongs to the peer domain {domain_of(address)}")
         return None
 
