@@ -146,6 +146,10 @@ class StubConfig(_Strict):
     # stub connections. Unset: the node's own origin and pages served from loopback. Runtimes
     # outside browsers send no Origin and are not affected.
     allowed_origins: list[str] | None = None
+    # The stub listener's address as runtimes reach it (http(s)://host[:port][/prefix]): the
+    # protocol-stub descriptors give runtimes its WebSocket URL, ws(s)://…/stub/connect. Unset:
+    # the address each request came to (its Host), right unless a proxy rewrites it.
+    public_url: HttpUrl | None = None
 
 
 class OidcConfig(_Strict):

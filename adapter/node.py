@@ -98,6 +98,7 @@ from .storage.sessions import SessionStore
 from .storage.transactions import SqlTransactionStore
 from .stub.acks import AckSender
 from .stub.endpoint import StubEndpoint
+from .stub_files import StubFiles
 from .web_endpoints import WebPages
 
 log = structlog.get_logger(__name__)
@@ -661,7 +662,7 @@ class Node:
             await self._take_over.finish_unfinished(self._unfinished)
             self._unfinished = []
         stub_app = web.Application()
-        WebPages(cfg.domain).add_routes(stub_app)
+        WebPages(cfg.domain, StubFiles(), cfg.stub.public_url).add_routes(stub_app)
         self.stub_endpoint.add_routes(stub_app)
         self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
         if self.dashboard is not None:
