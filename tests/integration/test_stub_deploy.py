@@ -15,6 +15,10 @@ Requests to ``https://<domain>`` and ``https://catalogue.<domain>`` are answered
 test: that is all a domain's web server has to do. Two runtimes exchange numbered messages through
 the node and Synapse; one reloads (its page, and with it its Worker, is gone; a new page with the
 same runtimeURL deploys the stub again) and must get every message exactly once.
+
+These runtimes take their hyperty's address back before their stub connects again. reTHINK's
+browser runtime of 2018 connects first (the address reuse goes through the node) and drops what
+the stub hands it before the hyperty is deployed again: scripts/rethink_runtime_check.py runs it.
 """
 
 from __future__ import annotations
