@@ -192,7 +192,7 @@ class MatrixProtoStub {
     this._replaced = false;
     this._token = null; // the session is released, its token names nothing any more
     this._resetSession();
-    this._memory.forget();
+    const forgotten = this._memory.forget();
     if (conn?.live && conn.ws.readyState === OPEN) {
       // The socket gives the frame to the node before its close; nothing to wait for, and a
       // page cycling through many runtimes must not hold their sockets open meanwhile.
@@ -202,6 +202,8 @@ class MatrixProtoStub {
     if (conn) this._abandon(conn);
     if (wasUp) this._postStatus('disconnected', 'disconnected by the runtime');
     this._settleWaiters('disconnected');
+    // A runtime that starts a new stub instance once this resolves must not find the old session.
+    await forgotten;
   }
 
   _onRuntimeMessage(msg) {
