@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# The bundled stub, from the repository's stub_js/ (an installed wheel does not carry it; see
-# the README: operators then serve the forms from a checkout).
+# The bundled stub, from the repository's stub_js/ (an installed wheel does not carry it: the
+# node then answers 404 for every form).
 STUB_SOURCE = Path(__file__).resolve().parents[1] / "stub_js" / "src" / "index.js"
 
 EXPORTS_MARKER = "\n// exports:"

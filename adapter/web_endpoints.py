@@ -85,21 +85,20 @@ class WebPages:
         return web.json_response(descriptor, headers=_DESCRIPTOR)
 
     async def catalogue_descriptor(self, request: web.Request) -> web.Response:
-        forms = await self._forms()
-        descriptor = stub_descriptor(
-            self._domain, self._messagingnode(request), forms.version, forms.script
-        )
-        return web.json_response(descriptor, headers=_DESCRIPTOR)
+        return web.json_response(await self._catalogue_object(request), headers=_DESCRIPTOR)
 
     async def catalogue_field(self, request: web.Request) -> web.Response:
-        forms = await self._forms()
-        descriptor = stub_descriptor(
-            self._domain, self._messagingnode(request), forms.version, forms.script
-        )
-        value = descriptor[request.match_info["field"]]
+        value = (await self._catalogue_object(request))[request.match_info["field"]]
         # As reTHINK's catalogue answers a field: a plain value as text, an object as JSON.
         text = json.dumps(value) if isinstance(value, dict) else str(value)
         return web.Response(text=text, content_type="application/json", headers=_DESCRIPTOR)
+
+    async def _catalogue_object(self, request: web.Request) -> dict[str, object]:
+        """The catalogue's descriptor: the classic script inside, as its source package."""
+        forms = await self._forms()
+        return stub_descriptor(
+            self._domain, self._messagingnode(request), forms.version, forms.script
+        )
 
     async def _forms(self) -> StubForms:
         forms = await self._stub_files.forms()

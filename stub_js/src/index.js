@@ -759,12 +759,17 @@ function indexedDBStore() {
       const request = idb.open(IDB_NAME, 1);
       request.onupgradeneeded = () => request.result.createObjectStore(IDB_STORE);
       request.onsuccess = () => {
-        // Another context upgrading the database must not wait for this one to close.
-        request.result.onversionchange = () => request.result.close();
-        resolve(request.result);
+        const db = request.result;
+        // Another context upgrading or deleting the database must not wait for this one; the
+        // next operation opens it again.
+        db.onversionchange = () => {
+          db.close();
+          opened = undefined;
+        };
+        db.onclose = () => (opened = undefined); // closed by the browser (storage cleared)
+        resolve(db);
       };
       request.onerror = () => reject(request.error);
-      request.onblocked = () => reject(new Error('IndexedDB is blocked by another context'));
     }).catch((err) => {
       opened = undefined; // the next operation tries again
       throw err;
