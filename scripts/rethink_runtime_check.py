@@ -1,34 +1,37 @@
 #!/usr/bin/env python3
-"""reTHINK's own browser runtime, unmodified, deploys this node's stub and its hyperties talk.
+"""reTHINK's own browser runtimes, unmodified, deploy this node's stub and their hyperties talk.
 
 Outside CI, like reTHINK's message-node suite: it needs snapshots of reTHINK's repositories, which
 are never copied into this project. Against a running node (``rethink-mn up``), in headless
-Chromium:
+Chromium, for each of the two ways reTHINK runtimes deploy a stub:
 
-- two runtimes (Alice, Bob), each dev-runtime-browser's ``bin/`` (rethink.js in the app page,
-  index.html and core.js in its iframe, context-service.js in Web Workers) running runtime-core's
-  ``dist/Runtime.js`` of the commit that ``bin/`` was built with, in browser contexts of their own;
-- each installs from ``https://<domain>/.well-known/runtime/``, gets its runtime from the domain's
-  catalogue, logs in and loads a hyperty; the runtime then fetches the domain's protocol stub from
-  the catalogue (``https://catalogue.<domain>/.well-known/protocolstub/default``, which this script
-  passes on to the node, as a domain's web server would) and evaluates it in a Worker sandbox;
-- Alice's hyperty sends Bob's numbered messages; Bob reloads (his page, and with it his Worker, is
-  closed while Alice goes on sending; a new page of the same browser context is the same runtime,
-  its runtimeURL kept in IndexedDB), loads his hyperty again (same address), and the script counts
-  what his stub handed to his runtime and what reached his hyperty.
+- ``browser``: dev-runtime-browser's ``bin/`` (rethink.js in the app page, index.html and core.js
+  in its iframe, context-service.js in Web Workers) running runtime-core's ``dist/Runtime.js`` of
+  the commit that ``bin/`` was built with (2018). The runtime asks the domain's catalogue for the
+  stub (``https://catalogue.<domain>/.well-known/protocolstub/default``) and evaluates its source
+  package in a Worker sandbox;
+- ``core``: runtime-core's own browser runtime of 2019 (``dist/rethink.js``, on SystemJS 3.1.6),
+  which imports ``https://<domain>/.well-known/protocolstub/default.ps.js``, makes
+  ``new result.default()``, reads ``default.ps.json`` and calls ``_start`` in an in-page sandbox.
 
-What the runtime fetches from elsewhere is served by this script: dev-runtime-browser's files and
-runtime-core's Runtime.js from the snapshots, jQuery and material-components-web (which the
-runtime's index.html loads from CDNs) from npm, and the catalogue objects in
-``scripts/rethink_runtime_check/``: a stand-in identity provider (the runtime registers no hyperty
-without an identity) and a ``Pinger`` hyperty.
+Both URLs are passed on to the node, as a domain's web server would. Two runtimes (Alice, Bob),
+in browser contexts of their own, log in and load a hyperty each; Alice's sends Bob's numbered
+messages; Bob reloads (his page, and with it his sandboxes, is closed while Alice goes on sending;
+a new page of the same browser context is the same runtime, its runtimeURL kept in IndexedDB),
+loads his hyperty again (same address), and the script counts what his stub handed to his
+runtime and what reached his hyperty.
+
+What the runtimes fetch from elsewhere is served by this script: reTHINK's files from the
+snapshots, from npm what the runtimes' pages load from CDNs (jQuery, material-components-web,
+SystemJS), and the objects in ``scripts/rethink_runtime_check/``: a stand-in identity provider
+(the runtimes register no hyperty without an identity) and a ``Pinger`` hyperty.
 
     .venv/bin/rethink-mn up --state-dir /tmp/check-var &
     .venv/bin/python scripts/rethink_runtime_check.py \\
         --runtime-browser <dev-runtime-browser snapshot> --runtime-core <dev-runtime-core snapshot>
 
-Exit status 0 when Bob's stub handed his runtime every message exactly once and every message
-reached his hyperty; 1 otherwise (the report says at which level they were lost).
+Exit status 0 when, in every runtime, Bob's stub handed his runtime every message exactly once
+and every message reached his hyperty; 1 otherwise (the report says at which level).
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ from playwright.async_api import BrowserContext, Page, Route, Worker, async_play
 # runtime-core master merge it was built from, the same hour.
 BROWSER_COMMIT = "f10763358b8ffd76ac8399341ef691cf97d49843"
 CORE_COMMIT = "760248608101b831607a70080a92f2581d8935ba"
-# What the runtime's index.html loads from CDNs, as npm has it.
-NPM_DEPS = ["jquery@2.1.4", "material-components-web@0.27.0"]
+# runtime-core after its SystemJS change: the last commit (develop, 2019-06-27).
+CORE_2019_COMMIT = "4a7264e6e06812bf43aa8166fa10e2d040ff28bc"
+# What the runtimes' pages load from CDNs, as npm has it.
+NPM_DEPS = ["jquery@2.1.4", "material-components-web@0.27.0", "systemjs@3.1.6"]
 IDP = "check.localhost"
 HERE = Path(__file__).with_suffix("")
 
@@ -95,10 +100,43 @@ class Site:
         self.deps = Path(args.deps)
         self.browser_repo = Path(args.runtime_browser)
         self.browser_commit: str = args.browser_commit
-        runtime = git_show(Path(args.runtime_core), args.core_commit, "dist/Runtime.js").decode()
+        core = Path(args.runtime_core)
+        runtime = git_show(core, args.core_commit, "dist/Runtime.js").decode()
+        self.rethink_2019 = git_show(core, args.core_2019_commit, "dist/rethink.js")
         idp_proxy = (HERE / "idp_proxy.js").read_text() % {"idp": IDP}
-        self.app = (HERE / "app.html").read_text() % {"domain": self.domain, "idp": IDP}
-        self.objects = {
+        pinger = (HERE / "pinger.js").read_text()
+        names = {"domain": self.domain, "idp": IDP}
+        self.apps = {flavor: (HERE / f"{flavor}.html").read_text() % names for flavor in FLAVORS}
+        # runtime-core 2019 loads System.register modules with a descriptor beside each.
+        self.modules = {
+            "hyperty/Pinger.hy.js": system_module("pinger", pinger),
+            "idp-proxy/default.idp.js": system_module("idp_proxy", idp_proxy),
+        }
+        self.descriptors = {
+            "hyperty/Pinger.hy.json": {
+                "name": "Pinger",
+                "language": "javascript",
+                "signature": "",
+                "configuration": {},
+                "constraints": {"browser": True},
+                "hypertyType": ["ping"],
+                # runtime-core 2019 needs one (it fills in %domain%); the scheme is not used.
+                "dataObjects": ["https://%domain%/.well-known/dataschema/Ping"],
+            },
+            "idp-proxy/default.idp.json": {
+                "name": "StandInIdp",
+                "language": "javascript",
+                "description": "stand-in",
+                "signature": "",
+                "configuration": {},
+                "constraints": {"browser": True},
+                "interworking": True,
+                "objectName": IDP,
+            },
+            "idp-proxy/all.json": {"idps": [IDP]},
+        }
+        # The catalogue of runtime-core 2018, in dev-service-framework's RuntimeCatalogue format.
+        self.catalogue = {
             "runtime/Runtime": catalogue_object(
                 "Runtime",
                 runtime,
@@ -111,7 +149,7 @@ class Site:
             ),
             "hyperty/Pinger": catalogue_object(
                 "Pinger",
-                (HERE / "pinger.js").read_text(),
+                pinger,
                 type="hyperty",
                 hypertyType=["ping"],
                 constraints={"browser": True},
@@ -124,17 +162,25 @@ class Site:
     async def handle(self, route: Route) -> None:
         url = route.request.url.split("?", 1)[0].split("#", 1)[0]
         host, _, path = url.removeprefix("https://").partition("/")
+        cors = {"Access-Control-Allow-Origin": "*"}
+        well_known = path.removeprefix(".well-known/")
         if path.startswith(".well-known/protocolstub/"):
             # The domain's stub is the node's: passed on, as a domain's web server would.
             self.passed_to_node.add(f"{route.request.method} {url}")
             response = await route.fetch(url=f"{self.node}/{path}")
             await route.fulfill(response=response)
-        elif host == self.domain and path == "rethink-mn-check.html":
-            await route.fulfill(body=self.app, content_type="text/html")
+        elif host == self.domain and path.startswith("rethink-mn-check/"):
+            await self._own_file(route, path.removeprefix("rethink-mn-check/"))
         elif host == self.domain and path.startswith(".well-known/runtime/"):
             await self._runtime_file(route, path.removeprefix(".well-known/runtime/"))
         elif host.startswith("catalogue.") and path.startswith(".well-known/"):
-            await self._catalogue(route, path.removeprefix(".well-known/"))
+            await self._catalogue(route, well_known)
+        elif well_known in self.modules:
+            await route.fulfill(
+                body=self.modules[well_known], content_type="text/javascript", headers=cors
+            )
+        elif well_known in self.descriptors:
+            await route.fulfill(json=self.descriptors[well_known], headers=cors)
         elif "jquery" in url:
             await route.fulfill(path=self.deps / "node_modules/jquery/dist/jquery.js")
         elif "material-components-web" in url:
@@ -142,7 +188,19 @@ class Site:
             dist = self.deps / "node_modules/material-components-web/dist"
             await route.fulfill(path=dist / f"material-components-web.{kind}")
         else:
-            await route.abort()  # web fonts and the like: nothing the runtime needs
+            await route.abort()  # web fonts and the like: nothing the runtimes need
+
+    async def _own_file(self, route: Route, name: str) -> None:
+        if name.endswith(".html"):
+            app = self.apps[name.removesuffix(".html")]
+            await route.fulfill(body=app, content_type="text/html")
+        elif name == "system.js":
+            dist = self.deps / "node_modules/systemjs/dist/system.js"
+            await route.fulfill(path=dist, content_type="text/javascript")
+        elif name == "rethink.js":
+            await route.fulfill(body=self.rethink_2019, content_type="text/javascript")
+        else:
+            await route.fulfill(status=404)
 
     async def _runtime_file(self, route: Route, name: str) -> None:
         try:
@@ -159,7 +217,7 @@ class Site:
         if path.rstrip("/") == "idp-proxy":  # the IdPs the runtime offers to log in with
             await route.fulfill(json=[IDP], headers=cors)
             return
-        for key, descriptor in self.objects.items():
+        for key, descriptor in self.catalogue.items():
             if path == key or path.startswith(key + "/"):
                 field = path.removeprefix(key).strip("/")
                 value = descriptor[field] if field else descriptor
@@ -169,14 +227,20 @@ class Site:
         await route.fulfill(status=404, headers=cors)
 
 
+def system_module(name: str, activate: str) -> str:
+    """``<name>.system.js``: the classic script's ``activate`` as a System.register class."""
+    return (HERE / f"{name}.system.js").read_text().replace("%(activate)s", activate)
+
+
 class Runtime:
     """One reTHINK browser runtime: a browser context of its own, one page at a time."""
 
-    def __init__(self, name: str, context: BrowserContext, domain: str, timeout: float) -> None:
+    def __init__(self, name: str, flavor: str, context: BrowserContext, site: Site) -> None:
         self.name = name
+        self._flavor = flavor
         self._context = context
-        self._domain = domain
-        self._timeout = timeout
+        self._domain = site.domain
+        self._timeout = 60.0
         self._page: Page | None = None
         self.errors: set[str] = set()
 
@@ -185,13 +249,15 @@ class Runtime:
         assert self._page is not None, f"{self.name}'s runtime is not running"
         return self._page
 
-    async def start(self) -> str:
+    async def start(self, timeout: float) -> str:
         """Opens the app, which installs the runtime and loads the hyperty; its address."""
+        self._timeout = timeout
         page = await self._context.new_page()
         page.on("pageerror", lambda error: self.errors.add(str(error)))
-        page.on("worker", lambda worker: asyncio.ensure_future(self._watch(worker)))
+        if self._flavor == "browser":
+            page.on("worker", lambda worker: asyncio.ensure_future(self._watch(worker)))
         self._page = page
-        await page.goto(f"https://{self._domain}/rethink-mn-check.html")
+        await page.goto(f"https://{self._domain}/rethink-mn-check/{self._flavor}.html")
         done = "steps.some((s) => s.startsWith('hyperty') || s.startsWith('failed'))"
         await self.until(done, "the hyperty")
         steps = await page.evaluate("steps")
@@ -210,7 +276,7 @@ class Runtime:
         return value
 
     async def stub_until(self, key: str, value: int, what: str) -> dict[str, Any]:
-        """Polls the stats of the stub in the runtime's Worker until `key` has `value`."""
+        """Polls the stub's stats until `key` has `value`."""
         deadline = time.monotonic() + self._timeout
         while (stats := await self.stub_stats()).get(key) != value:
             if time.monotonic() > deadline:
@@ -219,7 +285,10 @@ class Runtime:
         return stats
 
     async def stub_stats(self) -> dict[str, Any]:
-        """The counters of the stub the runtime deployed in a Worker sandbox (read only)."""
+        """The counters of the stub the runtime deployed (read only)."""
+        if self._flavor == "core":
+            stats = await self.page.evaluate("() => stubs.length ? stubs.at(-1).stats : null")
+            return dict(stats or {})
         for worker in self.page.workers:
             stats = await worker.evaluate(
                 """() => {
@@ -233,7 +302,9 @@ class Runtime:
         return {}
 
     async def handed_on(self) -> list[int]:
-        """The numbers of the pings the Worker sandboxes of this page handed to the runtime."""
+        """The numbers of the pings the stub handed to the runtime in this page."""
+        if self._flavor == "core":
+            return list(await self.page.evaluate("pingsHandedOn"))
         numbers: list[int] = []
         for worker in self.page.workers:
             numbers += await worker.evaluate("() => self.__pingsHandedOn || []")
@@ -257,6 +328,7 @@ class Runtime:
 
 
 async def check(args: argparse.Namespace, site: Site) -> int:
+    ok = True
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(
             executable_path=args.chromium,
@@ -265,31 +337,42 @@ async def check(args: argparse.Namespace, site: Site) -> int:
                 "--no-sandbox",
                 "--disable-gpu",
                 "--disable-background-networking",
-                # The runtime's pages come from https://<domain> through Playwright, which
+                # The runtimes' pages come from https://<domain> through Playwright, which
                 # Chromium counts as a public address; the node here listens on loopback.
                 "--disable-features=LocalNetworkAccessChecks",
             ],
         )
-        runtimes = []
-        for name in ("Alice", "Bob"):
-            context = await browser.new_context(ignore_https_errors=True)
-            await context.route("https://**/*", site.handle)
-            runtimes.append(Runtime(name, context, site.domain, args.timeout))
-        alice, bob = runtimes
-        try:
-            ok = await exchange(alice, bob, site, args.before, args.while_away)
-        finally:
-            for runtime in runtimes:
-                if runtime.errors:
-                    print(f"{runtime.name}'s page errors: {sorted(runtime.errors)}")
-            await browser.close()
+        for flavor in ("browser", "core") if args.flavor == "both" else (args.flavor,):
+            print(f"== {flavor}: {FLAVORS[flavor]}")
+            runtimes = []
+            for name in ("Alice", "Bob"):
+                context = await browser.new_context(ignore_https_errors=True)
+                await context.route("https://**/*", site.handle)
+                runtimes.append(Runtime(name, flavor, context, site))
+            site.passed_to_node.clear()
+            alice, bob = runtimes
+            try:
+                ok = await exchange(alice, bob, site, args) and ok
+            finally:
+                for runtime in runtimes:
+                    if runtime.errors:
+                        print(f"{runtime.name}'s page errors: {sorted(runtime.errors)}")
+                    await runtime.close()
+        await browser.close()
     return 0 if ok else 1
 
 
-async def exchange(alice: Runtime, bob: Runtime, site: Site, before: int, away: int) -> bool:
+FLAVORS = {
+    "browser": "dev-runtime-browser (2018): the catalogue's source package in a Worker sandbox",
+    "core": "runtime-core (2019): default.ps.js through SystemJS, `new`, `_start`, in the page",
+}
+
+
+async def exchange(alice: Runtime, bob: Runtime, site: Site, args: argparse.Namespace) -> bool:
+    before, away = args.before, args.while_away
     started = time.monotonic()
-    alice_hyperty = await alice.start()
-    bob_hyperty = await bob.start()
+    alice_hyperty = await alice.start(args.timeout)
+    bob_hyperty = await bob.start(args.timeout)
     print(f"runtimes up in {time.monotonic() - started:.1f} s")
     print(f"  Alice's hyperty {alice_hyperty}, Bob's {bob_hyperty}")
     print("requests for the stub, passed on to the node:")
@@ -311,7 +394,7 @@ async def exchange(alice: Runtime, bob: Runtime, site: Site, before: int, away: 
     stats = await alice.stub_until("unacknowledged", 0, "the node to have them")
     print(f"Alice sent {away} more while Bob was away; her stub: {stats}")
 
-    bob_again = await bob.start()
+    bob_again = await bob.start(args.timeout)
     print(f"Bob reloaded, his hyperty {bob_again}")
     last = before + away + 1
     await alice.page.evaluate("([to, n]) => pinger.ping(to, n, 1)", [bob_again, last])
@@ -352,6 +435,8 @@ def main() -> int:
     parser.add_argument("--runtime-core", required=True, help="dev-runtime-core snapshot")
     parser.add_argument("--browser-commit", default=BROWSER_COMMIT)
     parser.add_argument("--core-commit", default=CORE_COMMIT)
+    parser.add_argument("--core-2019-commit", default=CORE_2019_COMMIT)
+    parser.add_argument("--flavor", choices=["browser", "core", "both"], default="both")
     parser.add_argument("--node", default="http://127.0.0.1:9090", help="the stub listener")
     parser.add_argument("--domain", default="localhost", help="the node's reTHINK domain")
     cache = Path.home() / ".cache/rethink-mn/rethink-runtime-deps"
