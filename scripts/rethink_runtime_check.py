@@ -26,7 +26,7 @@ snapshots, from npm what the runtimes' pages load from CDNs (jQuery, material-co
 SystemJS), and the objects in ``scripts/rethink_runtime_check/``: a stand-in identity provider
 (the runtimes register no hyperty without an identity) and a ``Pinger`` hyperty.
 
-    .venv/bin/rethink-mn up --state-dir /tmp/check-var &
+    .venv/bin/rethink-mn -c /tmp/check-var/config.yaml up --state-dir /tmp/check-var &
     .venv/bin/python scripts/rethink_runtime_check.py \\
         --runtime-browser <dev-runtime-browser snapshot> --runtime-core <dev-runtime-core snapshot>
 
