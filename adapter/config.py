@@ -28,6 +28,8 @@ from pydantic import (
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from .web_hosts import url_host
+
 # Secrets may live in the environment instead of the file (12-factor deployments, k8s secrets).
 ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "RETHINK_MN_AS_TOKEN": ("appservice", "as_token"),
@@ -150,10 +152,20 @@ class StubConfig(_Strict):
     # stub connections. Unset: the node's own pages and pages served from loopback. Runtimes
     # outside browsers send no Origin and are not affected.
     allowed_origins: list[str] | None = None
-    # The names runtimes and browsers reach this listener by (its public host names, e.g.
-    # behind a reverse proxy). Requests naming any other host are refused 421 (DNS
-    # rebinding); IP addresses and loopback names are always answered.
+    # The stub listener's address as runtimes reach it (http(s)://host[:port][/prefix]): the
+    # protocol-stub descriptors give runtimes its WebSocket URL, ws(s)://…/stub/connect. Unset:
+    # the address each request came to (its Host), right unless a proxy rewrites it.
+    public_url: HttpUrl | None = None
+    # Other names runtimes and browsers reach this listener by (its public host names, e.g.
+    # behind a reverse proxy), besides public_url's host. Requests naming any other host are
+    # refused 421 (DNS rebinding); IP addresses and loopback names are always answered.
     public_hosts: list[str] = []
+
+    @property
+    def known_hosts(self) -> list[str]:
+        """Every name this listener is known by: its public names and public_url's host."""
+        named = [url_host(str(self.public_url))] if self.public_url else []
+        return [*self.public_hosts, *named]
 
 
 class OidcConfig(_Strict):

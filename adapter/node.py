@@ -99,6 +99,7 @@ from .storage.sessions import SessionStore
 from .storage.transactions import SqlTransactionStore
 from .stub.acks import AckSender
 from .stub.endpoint import StubEndpoint
+from .stub_files import StubFiles
 from .web_endpoints import WebPages
 from .web_hosts import KnownHosts, url_host
 
@@ -681,9 +682,9 @@ class Node:
             await self._take_over.finish_unfinished(self._unfinished)
             self._unfinished = []
         stub_app = web.Application(
-            middlewares=[KnownHosts(cfg.stub.public_hosts, "stub.public_hosts").middleware]
+            middlewares=[KnownHosts(cfg.stub.known_hosts, "stub.public_hosts").middleware]
         )
-        WebPages(cfg.domain).add_routes(stub_app)
+        WebPages(cfg.domain, StubFiles(), cfg.stub.public_url).add_routes(stub_app)
         self.stub_endpoint.add_routes(stub_app)
         self.stub_port = await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
         if self.dashboard is not None:

@@ -82,7 +82,7 @@ class StubEndpoint:
         self._acks = acks
         self._metrics = metrics
         self._max_backlog = max_backlog_bytes
-        self._origins = OriginCheck(config.allowed_origins, config.public_hosts)
+        self._origins = OriginCheck(config.allowed_origins, config.known_hosts)
         self._open: set[StubConnection] = set()
         # Set while the node stops: frames are no longer read (a numbered message not taken in
         # is sent again by its stub to the next run).

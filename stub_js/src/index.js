@@ -4,6 +4,10 @@
  * A plain ES module with no build step: it loads unbundled in browsers (native WebSocket) and in
  * Node.js (a global WebSocket, or the `ws` package imported lazily). The wire protocol it speaks is
  * docs/stub-protocol.md in the node's repository.
+ *
+ * The node also serves this file in the other forms reTHINK runtimes deploy (a classic script
+ * defining a global `activate`, a System.register module): it wraps the text above the exports
+ * block at the end, which therefore holds every export and nothing else (adapter/stub_files.py).
  */
 
 const STUB_NAME = 'MatrixProtoStub';
@@ -25,22 +29,30 @@ const MAX_TIMER = 2 ** 31 - 1; // setTimeout's longest delay
 let wsImport; // the `ws` package, imported at most once
 
 // Where a stub keeps its runtime's session (token, delivery position) when the runtime gives it
-// no store and the page has no localStorage (Node.js): the process, so that a new stub
-// instance for the same runtimeURL (a reloaded runtime) resumes the session.
+// no store and there is no IndexedDB (Node.js): the process, so that a new stub instance for the
+// same runtimeURL (a reloaded runtime) resumes the session.
 const processSessions = new Map();
 const processStore = {
   getItem: (key) => processSessions.get(key) ?? null,
   setItem: (key, value) => processSessions.set(key, String(value)),
-  removeItem: (key) => processSessions.delete(key),
 };
 
-export class MatrixProtoStub {
+class MatrixProtoStub {
   /**
+   * Builds a stub and starts it. Without arguments it builds an idle instance that `_start`
+   * starts: reTHINK's runtime-core (since it loads components with SystemJS) makes
+   * `new result.default()` and its sandbox then calls `_start(url, bus, config, factory)`.
    * @param {string} runtimeProtoStubURL this stub's address, e.g. hyperty-runtime://example.com/protostub/1
    * @param {{postMessage(msg: object): void, addListener(type: string, cb: (msg: object) => void): void}} bus
    * @param {object} configuration see README.md
    */
-  constructor(runtimeProtoStubURL, bus, configuration = {}) {
+  constructor(runtimeProtoStubURL, bus, configuration) {
+    if (arguments.length > 0) this._start(runtimeProtoStubURL, bus, configuration);
+  }
+
+  /** Starts an idle instance; the runtime's fourth argument (its component factory) is not needed. */
+  _start(runtimeProtoStubURL, bus, configuration) {
+    if (this._bus) throw new Error('this stub is started already');
     const config = configuration ?? {};
     const nodeURL = config.messagingnode ?? config.url;
     const handshake = config.handshake ?? 'v1';
@@ -89,11 +101,14 @@ export class MatrixProtoStub {
     this._token = null; // session token from the node, presented again when reconnecting
     // The session outlives this stub instance: kept where the runtime keeps its runtimeURL.
     this._memory = sessionMemory(config.sessionStore, nodeURL, config.runtimeURL);
-    const kept = this._memory.load();
-    if (kept) {
+    this._sessionEpoch = 0; // counts sessions, so that a late store answer about an old one is ignored
+    this._recorded = 0; // highest delivery number the store holds (with the token) for this session
+    // The store may answer later (IndexedDB): the first connection attempt waits for it.
+    this._restored = this._memory.load().then((kept) => {
+      if (!kept || this._sessionEpoch !== 0 || this._token !== null) return;
       this._token = kept.token;
-      this._received = this._acked = kept.received;
-    }
+      this._received = this._acked = this._recorded = kept.received;
+    });
     this._active = false; // a connection is wanted: set on demand, cleared by disconnect or giving up
     this._replaced = false; // closed with 4409: stay down until connect() is called explicitly
     this._failures = 0; // consecutive failed attempts; drives the back-off and maxAttempts
@@ -117,7 +132,7 @@ export class MatrixProtoStub {
    * duplicates dropped.
    */
   get stats() {
-    return { ...this._stats, unacknowledged: this._queue.length };
+    return { ...this._stats, unacknowledged: this._queue.length, unrecorded: this._received - this._recorded };
   }
 
   /**
@@ -129,7 +144,7 @@ export class MatrixProtoStub {
     if (this._conn?.live) return 'live';
     this._replaced = false;
     const outcome = new Promise((resolve) => this._waiters.push(resolve));
-    this._start();
+    this._startConnecting();
     return outcome;
   }
 
@@ -161,7 +176,7 @@ export class MatrixProtoStub {
   disconnect() {
     this._disconnecting ??= this._disconnect().finally(() => {
       this._disconnecting = null;
-      if (this._queue.length) this._start(); // the runtime kept talking while we were closing
+      if (this._queue.length) this._startConnecting(); // the runtime kept talking while we were closing
     });
     return this._disconnecting;
   }
@@ -177,7 +192,7 @@ export class MatrixProtoStub {
     // The session is released, but its token still proves this runtime's credential: while
     // anything is registered under the runtimeURL, the node gives it only to that credential.
     this._resetSession();
-    this._remember();
+    const kept = this._remember();
     if (conn?.live && conn.ws.readyState === OPEN) {
       // The socket gives the frame to the node before its close; nothing to wait for, and a
       // page cycling through many runtimes must not hold their sockets open meanwhile.
@@ -187,6 +202,9 @@ export class MatrixProtoStub {
     if (conn) this._abandon(conn);
     if (wasUp) this._postStatus('disconnected', 'disconnected by the runtime');
     this._settleWaiters('disconnected');
+    // A runtime that starts a new stub instance once this resolves finds the token, with nothing
+    // received in the session it starts.
+    await kept;
   }
 
   _onRuntimeMessage(msg) {
@@ -209,7 +227,7 @@ export class MatrixProtoStub {
     if (this._disconnecting) return; // goes out on a fresh session once the old one is released
     const conn = this._conn;
     if (conn?.live) this._flush(conn);
-    else this._start();
+    else this._startConnecting();
   }
 
   /** Sends what the connection has not carried yet, in order; stops at a socket that closed. */
@@ -240,13 +258,15 @@ export class MatrixProtoStub {
 
   /** A new session numbers its deliveries from the start again; its messages too. */
   _resetSession() {
+    this._sessionEpoch += 1;
     this._received = 0;
     this._acked = 0;
+    this._recorded = 0;
     clearTimeout(this._ackTimer);
     this._ackTimer = null;
   }
 
-  _start() {
+  _startConnecting() {
     if (this._active) return;
     this._active = true;
     this._failures = 0;
@@ -261,6 +281,8 @@ export class MatrixProtoStub {
   async _open() {
     const generation = ++this._generation;
     this._postStatus('in-progress');
+    await this._restored;
+    if (generation !== this._generation || !this._active) return;
     let WebSocketImpl;
     try {
       WebSocketImpl = await this._webSocketClass();
@@ -483,7 +505,12 @@ export class MatrixProtoStub {
   }
 
   _remember() {
-    if (this._token) this._memory.save({ token: this._token, received: this._acked });
+    if (!this._token) return Promise.resolve();
+    const epoch = this._sessionEpoch;
+    const received = this._acked;
+    return this._memory.save({ token: this._token, received }).then((saved) => {
+      if (saved && epoch === this._sessionEpoch) this._recorded = Math.max(this._recorded, received);
+    });
   }
 
   _onControl(conn, frame) {
@@ -671,47 +698,101 @@ export class MatrixProtoStub {
 }
 
 /** The reTHINK runtime's entry point for loading a protocol stub. */
-export function activate(url, bus, config) {
+function activate(url, bus, config) {
   return { name: STUB_NAME, instance: new MatrixProtoStub(url, bus, config) };
 }
 
-export default activate;
-
 /**
  * The runtime's session as kept between stub instances: `store` is a Web Storage-like object
- * (getItem, setItem, removeItem); by default the page's localStorage, else this module (shared by the stubs of one process); `null`
- * keeps nothing.
+ * (getItem, setItem) whose methods may also return promises; by default IndexedDB
+ * where there is one (browser pages and Workers), else this module (shared by the stubs of one
+ * process); `null` keeps nothing. Every method returns a promise that never rejects: `load` of
+ * the kept session or null, `save` of whether it was stored. The operations reach the store one
+ * after another, in the order they were asked for.
  */
 function sessionMemory(store, nodeURL, runtimeURL) {
-  if (store === undefined) store = pageStorage() ?? processStore;
+  if (store === undefined) store = indexedDBStore() ?? processStore;
+  if (!store) return { load: async () => null, save: async () => false };
   const key = `rethink-mn:session:${nodeURL}:${runtimeURL}`;
-  const guard = (fn) => {
-    try {
-      return fn();
-    } catch (err) {
-      warn('the session store failed; the session is kept in this stub only', err);
-      return null;
-    }
+  let last = Promise.resolve();
+  let warned = false;
+  const inTurn = (operation, failed) => {
+    last = last.then(operation).catch((err) => {
+      // Once per stub: a store that fails (a private window, a full disk) fails on every ack.
+      if (!warned) warn('the session store failed; the session is kept in this stub only', err);
+      warned = true;
+      return failed;
+    });
+    return last;
   };
-  if (!store) return { load: () => null, save: () => {}, forget: () => {} };
   return {
     load: () =>
-      guard(() => {
-        const kept = JSON.parse(store.getItem(key) ?? 'null');
+      inTurn(async () => {
+        const kept = JSON.parse((await store.getItem(key)) ?? 'null');
         const ok = typeof kept?.token === 'string' && Number.isSafeInteger(kept?.received);
         return ok && kept.received >= 0 ? kept : null;
-      }),
-    save: (kept) => guard(() => store.setItem(key, JSON.stringify(kept))),
-    forget: () => guard(() => store.removeItem(key)),
+      }, null),
+    save: (kept) =>
+      inTurn(async () => {
+        await store.setItem(key, JSON.stringify(kept));
+        return true;
+      }, false),
   };
 }
 
-function pageStorage() {
+const IDB_NAME = 'rethink-mn-protostub';
+const IDB_STORE = 'sessions';
+
+/**
+ * A store on IndexedDB, which browsers offer to pages and to Workers alike (a Worker has no
+ * localStorage, and reTHINK's browser runtime runs stubs in one), or null where there is none.
+ */
+function indexedDBStore() {
+  let idb;
   try {
-    return globalThis.localStorage ?? null; // a sandboxed page may refuse even to say
+    idb = globalThis.indexedDB; // an opaque-origin page may refuse even to say
   } catch {
     return null;
   }
+  if (!idb) return null;
+  let opened;
+  const database = () => {
+    opened ??= new Promise((resolve, reject) => {
+      const request = idb.open(IDB_NAME, 1);
+      request.onupgradeneeded = () => request.result.createObjectStore(IDB_STORE);
+      request.onsuccess = () => {
+        const db = request.result;
+        // Another context upgrading or deleting the database must not wait for this one; the
+        // next operation opens it again.
+        db.onversionchange = () => {
+          db.close();
+          opened = undefined;
+        };
+        db.onclose = () => (opened = undefined); // closed by the browser (storage cleared)
+        resolve(db);
+      };
+      request.onerror = () => reject(request.error);
+    }).catch((err) => {
+      opened = undefined; // the next operation tries again
+      throw err;
+    });
+    return opened;
+  };
+  const run = async (mode, operation) => {
+    const db = await database();
+    return new Promise((resolve, reject) => {
+      const tx = db.transaction(IDB_STORE, mode);
+      const request = operation(tx.objectStore(IDB_STORE));
+      // Resolved once the transaction committed: a reload after that finds what it wrote.
+      tx.oncomplete = () => resolve(request.result);
+      tx.onerror = () => reject(tx.error);
+      tx.onabort = () => reject(tx.error ?? new Error('IndexedDB transaction aborted'));
+    });
+  };
+  return {
+    getItem: async (key) => (await run('readonly', (s) => s.get(key))) ?? null,
+    setItem: (key, value) => run('readwrite', (s) => s.put(String(value), key)),
+  };
 }
 
 function randomId() {
@@ -776,3 +857,7 @@ function tokenExpiry(token) {
 function describeAnswer(frame) {
   return `${frame.response}${frame.desc ? ` ${frame.desc}` : ''}`;
 }
+
+// exports: every export of the module is in this block, the last of the file (see the top).
+export { MatrixProtoStub, activate };
+export default activate;

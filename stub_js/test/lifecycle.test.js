@@ -205,6 +205,62 @@ test('a reloaded runtime (a new stub instance, same runtimeURL) resumes its sess
   assert.equal(thirdConn.frames[0].data.ack.received, 0);
 });
 
+/** A store whose methods answer later, as IndexedDB or a runtime's own storage do. */
+function laterStore(delay = 5) {
+  const items = new Map();
+  const later = (fn) => new Promise((resolve) => setTimeout(() => resolve(fn()), delay));
+  return {
+    items,
+    getItem: (k) => later(() => items.get(k) ?? null),
+    setItem: (k, v) => later(() => void items.set(k, v)),
+    removeItem: (k) => later(() => void items.delete(k)),
+  };
+}
+
+test('a store answering with promises: the first connection waits for the kept session', async (t) => {
+  const node = await nodeFor(t, { acks: true });
+  const sessionStore = laterStore();
+  const first = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
+  await first.connect();
+  const firstConn = await until(() => node.connections[0], 'first connection');
+  firstConn.deliver({ id: 1, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a' }, 1, 'o', 1);
+  // Acknowledged and recorded: a reload now resumes with nothing handed on twice.
+  await until(() => first.stats.delivered === 1 && first.stats.unrecorded === 0, 'the delivery recorded');
+  assert.deepEqual(JSON.parse(sessionStore.items.values().next().value), { token: firstConn.token, received: 1 });
+
+  const second = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
+  await second.connect();
+  const secondConn = await until(() => node.connections[1], 'second connection');
+  assert.equal(secondConn.frames[0].data.token, firstConn.token, 'the kept token is presented');
+  assert.equal(secondConn.frames[0].data.ack.received, 1, 'and how far the deliveries got');
+
+  // By the time disconnect() resolves the store holds the token as the runtime's credential,
+  // with nothing received in the session the next instance starts.
+  await second.disconnect();
+  assert.deepEqual(JSON.parse(sessionStore.items.values().next().value), { token: secondConn.token, received: 0 });
+});
+
+test('a session store that fails is reported once and the stub goes on without it', async (t) => {
+  const node = await nodeFor(t, { acks: true });
+  const warnings = [];
+  const previous = console.warn;
+  console.warn = (...args) => warnings.push(args.join(' '));
+  t.after(() => {
+    console.warn = previous;
+  });
+  const broken = { getItem: async () => null, setItem: () => Promise.reject(new Error('quota')), removeItem: () => {} };
+  const stub = await newStub(t, { bus: fakeBus(), node, sessionStore: broken, acknowledged: true });
+  await stub.connect();
+  const conn = await until(() => node.connections[0], 'a connection');
+  for (let n = 1; n <= 3; n += 1) {
+    conn.deliver({ id: n, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a' }, n, 'o', n);
+    await until(() => conn.frames.some((f) => f.cmd === 'ack' && f.received === n), `ack ${n}`);
+  }
+  assert.equal(stub.status, 'live');
+  assert.equal(stub.stats.unrecorded, 3, 'nothing recorded');
+  assert.equal(warnings.filter((w) => w.includes('session store failed')).length, 1);
+});
+
 test('without a store of its own, stubs of one process share the session of a runtimeURL', async (t) => {
   const node = await nodeFor(t, { acks: true });
   const runtimeURL = 'runtime://example.com/reloaded-in-node';

@@ -89,3 +89,30 @@ test('a WebSocket constructor given in the configuration takes precedence', asyn
   assert.equal(await within(stub.connect(), 'connect()'), 'live');
   assert.deepEqual(opened, [node.url]);
 });
+
+test('reTHINK runtime-core deploys it as `new result.default()` then `_start(url, bus, config, factory)`', async (t) => {
+  const node = await startFakeNode();
+  t.after(() => node.close());
+  const stub = new MatrixProtoStub();
+  assert.equal(stub.status, undefined, 'idle until started');
+  const bus = fakeBus();
+  const factory = {}; // the sandbox's component factory, which the stub does not need
+  stub._start(STUB_URL, bus, { runtimeURL: RUNTIME_URL, messagingnode: node.url }, factory);
+  t.after(() => stub.disconnect());
+
+  assert.deepEqual(bus.statuses(), ['created']);
+  bus.send({ id: 1, type: 'read', from: 'hyperty://example.com/a', to: 'hyperty://example.com/b' });
+  await until(() => stub.status === 'live', 'live');
+  assert.equal(node.connections[0].frames[0].data.runtimeURL, RUNTIME_URL);
+  assert.throws(() => stub._start(STUB_URL, bus, { runtimeURL: RUNTIME_URL, messagingnode: node.url }), /started already/);
+  assert.throws(() => new MatrixProtoStub()._start(STUB_URL, bus, { runtimeURL: RUNTIME_URL }), /messagingnode/);
+});
+
+test('every export is in the block that ends the file, which the node replaces to serve the other forms', async () => {
+  const source = await readFile(new URL('index.js', SRC), 'utf8');
+  const marker = source.indexOf('\n// exports:');
+  assert.ok(marker > 0, 'the exports block is marked');
+  assert.doesNotMatch(source.slice(0, marker), /^\s*export\b/m, 'an export above the block');
+  const block = source.slice(marker).split('\n').filter((line) => line && !line.startsWith('//'));
+  assert.deepEqual(block, ['export { MatrixProtoStub, activate };', 'export default activate;']);
+});
