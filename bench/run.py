@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
 import secrets
 import statistics
 import subprocess
@@ -51,6 +50,7 @@ import domains  # noqa: E402
 import hostile  # noqa: E402
 from bare import BarePipeline  # noqa: E402
 from databases import KINDS, fresh_database  # noqa: E402
+from provenance import Source, write_results  # noqa: E402
 
 from adapter.localstack.homeserver_database import ensure_homeserver_database  # noqa: E402
 from adapter.localstack.synapse import (  # noqa: E402
@@ -784,14 +784,12 @@ async def main(args: argparse.Namespace) -> int:
         only = plan.only if args.only else frozenset()
         plan = dataclasses.replace(plan, crowd_cells=(args.crowd,), only=only | {"crowd"})
     await asyncio.to_thread(ensure_driver_installed)
+    source = Source.begin()
     results = Results(
-        started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        started=source.started,
+        # What was measured (the machine itself, its load, the commit: the file's source).
         machine={
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
             "quick": args.quick,
-            "loadavg_at_start": os.getloadavg(),
             "database": args.database,
             "homeserver_database": HOMESERVER_DATABASE,
             "homeserver_workers": HOMESERVER_WORKERS,
@@ -871,7 +869,6 @@ async def main(args: argparse.Namespace) -> int:
             Service,
             _apply_settings,
         )
-    results.machine["loadavg_at_end"] = os.getloadavg()
 
     checks = summarize(results) if plan.only - (OWN_STACK - {"bare"}) else []
     crowd_checks = crowd.checks(results.rows)
@@ -885,17 +882,15 @@ async def main(args: argparse.Namespace) -> int:
     churn.print_report(results.rows, churn_checks, console)
     domains.print_report(results.rows, federation_checks, console)
     out = args.out or ROOT / "bench" / "results" / f"bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "started": results.started,
-                "machine": results.machine,
-                "rows": results.rows,
-                "checks": checks + crowd_checks + hostile_checks + churn_checks + federation_checks,
-            },
-            indent=2,
-        )
+    write_results(
+        out,
+        {
+            "started": results.started,
+            "machine": results.machine,
+            "rows": results.rows,
+            "checks": checks + crowd_checks + hostile_checks + churn_checks + federation_checks,
+        },
+        source,
     )
     console.print(f"results written to {out}")
     return 0
