@@ -25,7 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,8 @@ class Source:
     started: str
     cpus: int | None
     loadavg_at_start: list[float]  # 1, 5 and 15 minutes, as os.getloadavg()
-    platform: str = field(default_factory=platform.platform)
-    python: str = field(default_factory=platform.python_version)
+    system: str
+    python: str
 
     @classmethod
     def begin(cls, argv: list[str] | None = None) -> Source:
@@ -77,6 +77,8 @@ class Source:
             started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             cpus=os.cpu_count(),
             loadavg_at_start=_load(),
+            system=platform.platform(),
+            python=platform.python_version(),
         )
 
     def finish(self) -> dict[str, Any]:
