@@ -100,13 +100,14 @@ def write_results(path: Path, results: dict[str, Any], source: Source) -> Path:
 # -- files written before every writer recorded its source --------------------------------------
 
 
-def index(folder: Path) -> dict[str, Any]:
-    """For each results file in ``folder`` without a ``source`` of its own: the commit that
-    added it (marked as such: the code it measured may be older), the command if the file
-    recorded one, and what of the machine's load it recorded. Nothing is inferred."""
+def index(folder: Path, names: set[str] | None = None) -> dict[str, Any]:
+    """For each results file in ``folder`` (of ``names``, or all) without a ``source`` of its
+    own: the commit that added it (marked as such: the code it measured may be older), the
+    command if the file recorded one, and what of the machine's load it recorded. Nothing is
+    inferred."""
     out: dict[str, Any] = {}
     for path in sorted(folder.iterdir()):
-        if path.name == INDEX or not path.is_file():
+        if path.name == INDEX or not path.is_file() or (names and path.name not in names):
             continue
         recorded: dict[str, Any] = {}
         if path.suffix == ".json":
