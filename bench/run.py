@@ -418,7 +418,12 @@ async def run_latency(name: str, url: str, plan: Plan, results: Results, tag: st
         }
     )
     results.add(
-        "latency", target=name, p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], received=r["received"]
+        "latency",
+        target=name,
+        p50_ms=r["p50_ms"],
+        p99_ms=r["p99_ms"],
+        received=r["received"],
+        duplicates=r["duplicates"],
     )
 
 
@@ -447,6 +452,7 @@ async def run_publication(name: str, url: str, plan: Plan, results: Results, tag
                 subscribe_ms=r["subscribe_ms"],
                 rounds_ms=[None if x["ms"] is None else round(x["ms"], 1) for x in r["rounds"]],
                 lost=sum(subscribers - x["received"] for x in r["rounds"]),
+                duplicates=sum(x["duplicates"] for x in r["rounds"]),
             )
 
 
@@ -475,6 +481,7 @@ async def run_messaging(name: str, url: str, plan: Plan, results: Results, tag: 
                 runs_ms=[None if r["ms"] is None else round(r["ms"], 1) for r in runs],
                 lost=sum(r["lost"] for r in runs),
                 out_of_order=sum(r["out_of_order"] for r in runs),
+                duplicates=sum(r["duplicates"] for r in runs),
             )
 
 
@@ -556,7 +563,9 @@ def summarize(results: Results) -> list[dict[str, Any]]:
         node, relay = find(test, "node"), find(test, "relay")
         bare_test = BARE_BASELINE.get(test)
         bare_row = find(bare_test, "bare") if bare_test else None
-        lossless = node is None or (node.get("lost", 0) == 0 and node.get("out_of_order", 0) == 0)
+        lossless = node is None or all(
+            node.get(k, 0) == 0 for k in ("lost", "out_of_order", "duplicates")
+        )
         check(
             test,
             value(node, key),
@@ -632,10 +641,14 @@ def _cell(row: dict[str, Any] | None) -> str:
         return f"p50 {row['p50_ms']:.1f} p99 {row['p99_ms']:.1f}"
     if "added_mb" in row:
         return f"+{row['added_mb']:.0f} MB ({row['connections']} conns)"
-    lost = row.get("lost", 0)
+    lost, twice = row.get("lost", 0), row.get("duplicates", 0)
     if row.get("ms") is None:
         return f"incomplete, lost {lost}"
-    return f"{row['ms']:.0f}" + (f" LOST {lost}" if lost else "")
+    return (
+        f"{row['ms']:.0f}"
+        + (f" LOST {lost}" if lost else "")
+        + (f" TWICE {twice}" if twice else "")
+    )
 
 
 # -- main --------------------------------------------------------------------------------------

@@ -153,6 +153,8 @@ async def test_a_failure_inside_the_node_is_no_release_and_loses_nothing(
         assert sender.connect_answer["data"]["session"] == "resumed"
         assert (await receiver.receive(10))["id"] == "once"
         assert await receiver.nothing_within(1.0)
+        # Routed once: the receiver, connected throughout, was not even sent it twice.
+        assert receiver.duplicates == 0 and receiver.delivered_twice == 0
         async with asyncio.timeout(5):
             while sender.unacked:
                 await asyncio.sleep(0.02)
