@@ -14,7 +14,7 @@ The title is a query: an optional aggregate (``max``, ``min``, ``sum``, ``median
 ``/ 60``). A path is dot-separated steps: ``key``, ``key[]`` (every item of a list),
 ``key[k=v,k2=v2]`` (the items whose fields have those values; ``v1|v2``: either),
 ``key[2]`` (one item), ``key[1:]`` (a slice), ``*`` (every value of an object), ``(a,b)``
-(several keys, in that order). A step ``~/regex/`` takes the number its group matches in a
+(several keys, in that order), ``key?`` (nothing where it is missing). A step ``~/regex/`` takes the number its group matches in a
 text value. For a text file the whole query is ``/regex/``: the number each match's group
 holds.
 
@@ -42,7 +42,8 @@ REFERENCE = re.compile(r"\[(?P<text>[^\]]+)\]\[(?P<label>[^\]]+)\]")
 DEFINITION = re.compile(
     r'^\s*\[(?P<label>[^\]]+)\]:\s*(?P<target>\S+)(?:\s+"(?P<title>[^"]*)")?\s*$'
 )
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?P<suffix>[kM](?![a-zA-Z]))?")
+# A number as shown, not one that is part of a word (p50, v2, a 1e-3 exponent).
+NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?P<suffix>[kM](?![a-zA-Z]))?")
 EN_DASH = "\u2013"
 RANGE_DASH = re.compile(rf"\d\s*(?:{EN_DASH}|to)\s*\d")
 AGGREGATES = ("max", "min", "sum", "median", "count", "same")
@@ -69,11 +70,12 @@ class Figure:
 def figures(doc: Path, results: Path) -> list[Figure]:
     """Every link of ``doc`` to a file under ``results``, outside code blocks."""
     lines = _prose(doc)
-    definitions = {
-        m["label"].lower(): (m["target"], m["title"])
-        for _, line in lines
-        if (m := DEFINITION.match(line))
-    }
+    definitions: dict[str, tuple[str, str | None]] = {}
+    for number, line in lines:
+        if (m := DEFINITION.match(line)) is not None:
+            if m["label"].lower() in definitions:
+                raise FigureError(f"{doc.name}:{number}: [{m['label']}] is defined twice")
+            definitions[m["label"].lower()] = (m["target"], m["title"])
     found: list[Figure] = []
     for number, line in lines:
         if DEFINITION.match(line):
@@ -106,6 +108,8 @@ def check(figure: Figure) -> str | None:
     if not path.is_file():
         return f"{figure.where}: no such file"
     if not figure.query:
+        if figure.text.strip("`") == path.name:
+            return None  # the file named as a section's source, not a figure
         return f"{figure.where}: no query (the link's title) says where the figure is"
     try:
         values = evaluate(path, figure.query)
@@ -198,6 +202,10 @@ def _step(value: Any, step: str) -> list[Any]:
     if match is None:
         raise FigureError(f"cannot read the step {step!r}")
     name, select = match["name"], match["select"]
+    if name.endswith("?"):  # optional: where it is missing, nothing
+        name = name[:-1]
+        if not isinstance(value, dict) or name not in value:
+            return []
     if name:
         if not isinstance(value, dict) or name not in value:
             raise FigureError(f"no {name!r} in {_short(value)}")
@@ -226,12 +234,17 @@ def compare(text: str, values: list[Any], query: str) -> str | None:
     approximate = shown.startswith("~")
     numbers = list(NUMBER.finditer(shown))
     if not numbers:
-        if shown.lower() in NOTHING and all(v is None or v == "never" for v in values):
+        parts = [part.lower() for part in re.split(r"\s+/\s+", shown)]
+        nothing = all(v is None or v == "never" for v in values)
+        if nothing and all(part in NOTHING for part in parts) and len(parts) in (1, len(values)):
             return None
         return f"[{text}] shows no number; {query!r} gives {values[:8]}"
-    if any(not isinstance(v, int | float) or isinstance(v, bool) for v in values):
+    ranged = len(numbers) == 2 and RANGE_DASH.search(shown) is not None
+    if ranged:  # the range of the values there are
+        values = [v for v in values if v is not None]
+    if not values or any(not isinstance(v, int | float) or isinstance(v, bool) for v in values):
         return f"[{text}]: {query!r} gives values that are not numbers: {values[:8]}"
-    if len(numbers) == 2 and RANGE_DASH.search(shown):
+    if ranged:
         low, high = (_shown(m) for m in numbers)
         pairs = [(low, min(values)), (high, max(values))]
     elif len(numbers) == len(values):
