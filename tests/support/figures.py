@@ -14,9 +14,9 @@ The title is a query: an optional aggregate (``max``, ``min``, ``sum``, ``median
 ``/ 60``). A path is dot-separated steps: ``key``, ``key[]`` (every item of a list),
 ``key[k=v,k2=v2]`` (the items whose fields have those values; ``v1|v2``: either),
 ``key[2]`` (one item), ``key[1:]`` (a slice), ``*`` (every value of an object), ``(a,b)``
-(several keys, in that order), ``key?`` (nothing where it is missing). A step ``~/regex/`` takes the number its group matches in a
-text value. For a text file the whole query is ``/regex/``: the number each match's group
-holds.
+(several keys, in that order), ``key?`` (nothing where it is missing). A step ``~/regex/``
+takes the number its group matches in a text value. For a text file the whole query is
+``/regex/``: the number each match's group holds.
 
 The link text's number must be the value rounded as shown (``2.4`` matches 2.385;
 ``42,000`` matches 42,000 exactly; ``~60,000`` anything within 5 %; ``7.2M`` 7.2 million, to
