@@ -221,7 +221,11 @@ def _step(value: Any, step: str) -> list[Any]:
     if re.fullmatch(r"-?\d*:-?\d*", select):
         start, stop = (int(x) if x else None for x in select.split(":"))
         return list(value[start:stop])
-    wanted = {k: v.split("|") for k, v in (pair.split("=", 1) for pair in select.split(","))}
+    # k=v pairs, split at a comma that starts the next key (a value may hold a comma).
+    pairs = [pair.partition("=") for pair in re.split(r",(?=[\w.-]+=)", select)]
+    if any(not sep for _, sep, _ in pairs):
+        raise FigureError(f"cannot read the selection [{select}]")
+    wanted = {k: v.split("|") for k, _, v in pairs}
     return [
         item
         for item in value
