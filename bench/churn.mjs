@@ -111,7 +111,8 @@ class Runtime {
       if (waiter) {
         this.pending.delete(msg.id);
         waiter(msg);
-      } else if (Number.isInteger(msg.id) && code !== 200) {
+      } else if (Number.isInteger(msg.id) && Number.isInteger(code) && code >= 400) {
+        // A refusal is an answer with an error code; any other answer refuses nothing.
         this.refused.add(msg.id);
       }
       return;
