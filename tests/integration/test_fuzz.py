@@ -345,3 +345,30 @@ async def test_no_transaction_body_makes_the_appservice_fail_or_routing_stall(
     assert status < 500, (status, body)
     await arena.honest_pair_routes()
     await arena.peer_event_arrives(homeserver)
+
+
+async def test_the_fuzzer_sees_a_failure_inside_the_node_and_resends_until_it_is_answered(
+    start_node: NodeFactory, databases: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fuzzer's own guard, on a node made to fail: a numbered frame whose deciding raises
+    closes the attacker's socket 1011, the attacker resends it after each reconnect as the
+    bundled stub does, and the node's 500 at the third attempt reaches it. Both are what the
+    fuzz tests fail on."""
+    arena = Arena(start_node, await databases.migrated_sqlite())
+    await arena.open()
+    try:
+        assert arena.node is not None
+        decide = arena.node.ingress._decide
+
+        async def failing(attachment: Any, raw: str, parsed: Any, pending: Any) -> bool:
+            if "poison" in raw:
+                raise RuntimeError("a bug on this input")
+            return await decide(attachment, raw, parsed, pending)
+
+        monkeypatch.setattr(arena.node.ingress, "_decide", failing)
+        poison = {"id": "p", "type": "ping", "from": arena.a, "to": arena.b, "body": {"poison": 1}}
+        await arena.attack([f"[{10**6},{orjson.dumps(poison).decode()}]"])
+        assert arena.closes.count(CLOSE_INTERNAL_ERROR) >= 2, arena.closes
+        assert [m["body"]["code"] for m in server_errors(arena.received)] == [500]
+    finally:
+        await arena.close()
