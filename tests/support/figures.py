@@ -131,7 +131,8 @@ def evaluate(path: Path, query: str) -> list[Any]:
         by = float(scaled["by"])
         scale = by if scaled["op"] == "*" else 1 / by
     if rest.startswith("/") and rest.endswith("/") and len(rest) > 1:
-        values: list[Any] = [_number(m) for m in re.finditer(rest[1:-1], path.read_text())]
+        text = path.read_text()
+        values: list[Any] = [_number(m) for m in re.finditer(rest[1:-1], text, re.M)]
     else:
         values = walk([json.loads(path.read_text())], steps(rest))
     if not values and aggregate != "count":
