@@ -31,6 +31,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -114,8 +115,8 @@ def check(figure: Figure) -> str | None:
     try:
         values = evaluate(path, figure.query)
         return compare(figure.text, values, figure.query)
-    except FigureError as exc:
-        return f"{figure.where}: {exc}"
+    except (FigureError, IndexError, ValueError) as exc:
+        return f"{figure.where}: {exc!r} ({figure.query!r})"
 
 
 def evaluate(path: Path, query: str) -> list[Any]:
@@ -304,6 +305,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))
