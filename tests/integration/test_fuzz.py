@@ -101,6 +101,7 @@ class Arena:
     # reconnect, in order, as the bundled stub does.
     unacked: list[tuple[int, str]] = field(default_factory=list)
     probes: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    arrived: set[str] = field(default_factory=set)  # the honest pings and probes bob got
 
     async def open(self) -> None:
         self.node = await self.start_node(self.database_url, **self.overrides)
@@ -109,6 +110,10 @@ class Arena:
         if self.alice is None or self.bob is None:
             self.alice = PyRuntime(url, f"runtime://{D}/fuzz-alice", acked=True)
             self.bob = PyRuntime(url, f"runtime://{D}/fuzz-bob", acked=True)
+            # The attacker may send them the same message twice (an example drawn again, its
+            # numbered frames resent to a new session): only the honest pair's own pings are
+            # held to once, by _arrives.
+            self.alice.twice_allowed = self.bob.twice_allowed = True
         self.alice.stub_url = self.bob.stub_url = url
         await self.alice.connect()
         await self.bob.connect()
@@ -226,9 +231,15 @@ class Arena:
             raise AssertionError(await self._stall_report(tag, started)) from None
 
     async def _arrives(self, tag: str) -> None:
+        """Until ``tag`` arrives at bob; what the attacker sent him meanwhile is skipped, and
+        an honest ping or probe that arrives a second time fails."""
         assert self.bob is not None
-        while (await self.bob.receive(60)).get("id") != tag:
-            pass  # what the attacker sent bob meanwhile
+        while True:
+            got = (await self.bob.receive(60)).get("id")
+            if got == tag:
+                self.arrived.add(tag)
+                return
+            assert got not in self.arrived, f"{got} reached bob twice"
 
     async def _stall_report(self, tag: str, started: float) -> str:
         """Late or lost, and in what state the pair was: what a stall needs to be explained."""
