@@ -46,6 +46,9 @@ pytestmark = [pytest.mark.integration]
 EXAMPLES = int(os.environ.get("RETHINK_FUZZ_EXAMPLES", "120"))
 RESTART_EVERY = max(EXAMPLES // 3, 20)
 FUZZ = fuzz_settings(EXAMPLES)
+# The test's own time grows with its examples (a fraction of a second each, on a busy machine
+# more): the suite's 300 s would end a long run.
+RUN_TIMEOUT = pytest.mark.timeout(300 + 2 * EXAMPLES)
 # The peer domain of the transaction fuzzer's node: its node acts as this bot.
 PEER = "peer.test"
 PEER_BOT = "@_rethink_bot:peer.hs"
@@ -322,6 +325,7 @@ async def peered_arena(start_node: NodeFactory, database_url: str) -> Any:
     await arena.close()
 
 
+@RUN_TIMEOUT
 @seed(fuzz_seed())
 @FUZZ
 @given(data=st.data())
@@ -340,6 +344,7 @@ async def test_no_frame_makes_the_node_fail_stall_or_store_what_it_cannot_load(
         await arena.honest_pair_routes()
 
 
+@RUN_TIMEOUT
 @seed(fuzz_seed())
 @FUZZ
 @given(data=st.data())

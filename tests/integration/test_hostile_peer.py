@@ -403,6 +403,8 @@ async def _b_next_event_reaches_bob(arena: Arena) -> None:
     b.n = max(b.n, feed.last_n)
 
 
+# Each example may wait out a gap (FUZZ_GAP_DEADLINE) and cross federation twice.
+@pytest.mark.timeout(300 + 10 * EXAMPLES)
 @seed(fuzz_seed())
 @fuzz_settings(EXAMPLES)
 @given(data=st.data())
