@@ -767,7 +767,7 @@ def _paced_floor_check(
 def _undelivered(row: dict[str, Any] | None) -> int | None:
     if row is None or "error" in row:
         return None
-    return int(row["lost"] + row.get("duplicates", 0) + row.get("out_of_order", 0))
+    return int(row.get("lost", 0) + row.get("duplicates", 0) + row.get("out_of_order", 0))
 
 
 def _ms(v: float | None) -> str:
