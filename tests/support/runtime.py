@@ -61,8 +61,9 @@ class PyRuntime:
         self.twice_sample: list[Any] = []
         self.hold_acks = False
         self.token: str | None = None
-        # Set by a test where the node may deliver a message twice (a plain stub's receiver
-        # across a crash of the node, as docs/stub-protocol.md says): then it asserts itself.
+        # Set by a test where the same message may rightly reach this runtime twice (the
+        # answer to a request its stub sent again, an attacker sending one message twice, a
+        # plain stub's receiver across a crash of the node): that test checks what must hold.
         self.twice_allowed = False
         PyRuntime.alive.add(self)
 
