@@ -26,7 +26,6 @@ from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
 from adapter.services.registry import node_addresses
-from adapter.sessions import upstream as upstream_module
 from adapter.sessions.mailbox import Mailbox, Parcel
 from adapter.sessions.session import Attachment, Session
 from adapter.sessions.upstream import Pending, Upstream
@@ -277,7 +276,7 @@ def test_a_number_given_back_again_counts_its_times_and_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr(upstream_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(f"{Upstream.__module__}.time", SimpleNamespace(monotonic=lambda: clock[0]))
     upstream = Upstream("k.s", lambda up: None)
     pending = upstream.take(1)
     assert pending is not None
