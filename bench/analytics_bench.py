@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import asdict
@@ -31,6 +30,7 @@ import duckdb  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import pyspark  # noqa: E402
 from analytics_duckdb import run_duckdb  # noqa: E402
+from provenance import Source, write_results  # noqa: E402
 
 from adapter.analytics.job import build_spark, run_analysis  # noqa: E402
 from adapter.analytics.names import AGGREGATE_NAMES  # noqa: E402
@@ -101,15 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [10_000, 100_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     args.data_dir.mkdir(parents=True, exist_ok=True)
 
+    source = Source.begin(argv)
     results: dict[str, Any] = {
-        "started": datetime.now(tz=UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "pyspark": pyspark.__version__,
-            "duckdb": duckdb.__version__,
-            "load_before": _load(),
-        },
+        "versions": {"pyspark": pyspark.__version__, "duckdb": duckdb.__version__},
         "runs": [],
     }
     exports = []
@@ -186,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Spark session start (not in the times above): {results['spark_session_start_s']} s")
 
     target = args.json or RESULTS / f"analytics_bench-{datetime.now(tz=UTC):%Y%m%dT%H%M%SZ}.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results, indent=2))
+    write_results(target, results, source)
     print(f"results: {target}")
     return 0
 

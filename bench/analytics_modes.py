@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from analytics_bench import RESULTS, _compare, _export  # noqa: E402
+from provenance import Source, write_results  # noqa: E402
 
 from tests.support.spark_cluster import (  # noqa: E402
     connect_server,
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffle-partitions", type=int, default=4 * CORES)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    source = Source.begin(argv)
 
     export, info = _export(args.data_dir, args.rows, args.seed)
     print(f"export {args.rows:,} rows: {export}", flush=True)
@@ -132,19 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:>10} | failed: {r['error'][-300:]}")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.json or RESULTS / f"analytics_modes-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "rows": args.rows,
-                "export": info,
-                "cores": CORES,
-                "machine": platform.platform(),
-                "results": results,
-            },
-            indent=2,
-        )
-    )
+    write_results(out, {"rows": args.rows, "export": info, "results": results}, source)
     print(f"results: {out}")
     return 0 if all(r["ok"] for r in results.values()) else 1
 

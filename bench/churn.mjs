@@ -14,7 +14,8 @@
 //   node bench/churn.mjs '{"url":"ws://…","domain":"…","runtimes":1000,"rate":1,"seconds":120,…}'
 //
 // stdout, one JSON value per line: {"ev":"ready"}, then after the run {"ev":"result",…} with
-// every attempt ([sender, seq, acknowledged, refused]), every arrival ([receiver, sender, seq]),
+// every attempt ([sender, seq, acknowledged, the error code it was refused with or null]), every
+// arrival ([receiver, sender, seq]),
 // reconnect latencies per kind, server errors, refused connects, and the registry read at the end.
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { pathToFileURL } from 'node:url';
@@ -29,7 +30,7 @@ const now = () => performance.timeOrigin + performance.now();
 const out = (value) => process.stdout.write(JSON.stringify(value) + '\n');
 const rand = (lo, hi) => lo + Math.random() * (hi - lo);
 
-const attempts = []; // [sender, seq, acknowledged, refused]
+const attempts = []; // [sender, seq, acknowledged, refusal code or null]
 const arrivals = []; // [receiver, sender, seq, generation of the receiving stub instance]
 const reloaded = []; // [runtime, generation]: instances that vanished with a reload
 const latencies = Object.fromEntries(KINDS.map((kind) => [kind, []]));
@@ -58,7 +59,7 @@ class Runtime {
     this.instance = null; // {bus, stub, stubURL, handedBefore, seqs: [] in the order handed}
     this.generation = 0;
     this.pending = new Map();
-    this.refused = new Set();
+    this.refused = new Map(); // seq -> the error code the node answered it with
     this.waitingLive = null; // {kind, since}
     this.stopped = false;
     this.hyperty = null;
@@ -85,7 +86,7 @@ class Runtime {
     const acked = spec.plain ? Infinity : inst.stub.stats.acknowledged;
     inst.seqs.forEach((seq, i) => {
       if (seq === null) return; // a request
-      attempts.push([this.name, seq, i < acked && !this.refused.has(seq), this.refused.has(seq)]);
+      attempts.push([this.name, seq, i < acked && !this.refused.has(seq), this.refused.get(seq) ?? null]);
     });
     inst.seqs = [];
   }
@@ -111,8 +112,9 @@ class Runtime {
       if (waiter) {
         this.pending.delete(msg.id);
         waiter(msg);
-      } else if (Number.isInteger(msg.id) && code !== 200) {
-        this.refused.add(msg.id);
+      } else if (Number.isInteger(msg.id) && Number.isInteger(code) && code >= 400) {
+        // A refusal is an answer with an error code; any other answer refuses nothing.
+        this.refused.set(msg.id, code);
       }
       return;
     }

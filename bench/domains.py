@@ -406,6 +406,7 @@ async def _scenarios(
                 max_ms=r["max_ms"],
                 received=r["received"],
                 lost=plan.latency_count - r["received"],
+                duplicates=r["duplicates"],
                 count=plan.latency_count,
                 rate=plan.latency_rate,
                 size=plan.latency_size,
@@ -434,6 +435,7 @@ async def _scenarios(
                 ms=statistics.median(rounds) if rounds else None,
                 rounds_ms=[None if x["ms"] is None else round(x["ms"], 1) for x in r["rounds"]],
                 lost=sum(plan.pub_subscribers - x["received"] for x in r["rounds"]),
+                duplicates=sum(x["duplicates"] for x in r["rounds"]),
                 ready_after_updates=r["ready_after_updates"],
                 setup_ms=r["setup_ms"],
                 subscribe_ms=r["subscribe_ms"],
@@ -473,6 +475,7 @@ async def _scenarios(
             runs_ms=[None if r["ms"] is None else round(r["ms"], 1) for r in runs[target]],
             lost=sum(r["lost"] for r in runs[target]),
             out_of_order=sum(r["out_of_order"] for r in runs[target]),
+            duplicates=sum(r["duplicates"] for r in runs[target]),
             load1=_load(),
         )
 
@@ -712,9 +715,7 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     node = [r for r in fed if r["target"] in ("cross", "intra")]
 
     def lost(target: str) -> int:
-        return sum(
-            r.get("lost", 0) + r.get("out_of_order", 0) for r in node if r["target"] == target
-        )
+        return sum(_undelivered(r) or 0 for r in node if r["target"] == target)
 
     complete = any(r["target"] == "cross" for r in node) and all("error" not in r for r in node)
     out.append(
@@ -766,7 +767,7 @@ def _paced_floor_check(
 def _undelivered(row: dict[str, Any] | None) -> int | None:
     if row is None or "error" in row:
         return None
-    return int(row["lost"] + row.get("duplicates", 0) + row.get("out_of_order", 0))
+    return int(row.get("lost", 0) + row.get("duplicates", 0) + row.get("out_of_order", 0))
 
 
 def _ms(v: float | None) -> str:
@@ -780,8 +781,8 @@ def _cell(row: dict[str, Any] | None) -> str:
         return ""
     if "error" in row:
         return f"failed: {row['error'][:60]}"
-    loss = row.get("lost", 0) + row.get("out_of_order", 0)
-    tail = f" LOST/OUT OF ORDER {loss}" if loss else ""
+    loss = _undelivered(row)
+    tail = f" LOST/TWICE/OUT OF ORDER {loss}" if loss else ""
     if "p50_ms" in row:
         count = ""
         if "measured" in row:

@@ -166,16 +166,25 @@ async function messaging() {
   for (let i = 0; i < spec.count; i++) {
     texts.push(JSON.stringify({ id: i, type: 'update', from, to, body: { seq: i, payload: body } }));
   }
-  let received = 0;
+  // A message arriving twice is counted as a duplicate, never as a second arrival: it would
+  // otherwise hide a lost one.
+  const seen = new Set();
+  let duplicates = 0;
   let outOfOrder = 0;
   let expected = 0;
   let started = 0;
   const done = new Promise((resolve) => {
     b.onMessage = (text) => {
       const message = JSON.parse(text);
-      if (message.body.seq !== expected) outOfOrder++;
-      expected = message.body.seq + 1;
-      if (++received === spec.count) resolve(performance.now());
+      const seq = message.body.seq;
+      if (seen.has(seq)) {
+        duplicates++;
+        return;
+      }
+      seen.add(seq);
+      if (seq !== expected) outOfOrder++;
+      expected = seq + 1;
+      if (seen.size === spec.count) resolve(performance.now());
     };
   });
   const timeout = new Promise((resolve) => setTimeout(() => resolve(null), spec.timeoutMs ?? 120000));
@@ -186,9 +195,10 @@ async function messaging() {
   b.close();
   return {
     ms: ended === null ? null : ended - started,
-    received,
-    lost: spec.count - received,
+    received: seen.size,
+    lost: spec.count - seen.size,
     out_of_order: outOfOrder,
+    duplicates,
   };
 }
 
@@ -219,15 +229,19 @@ async function publication() {
   // at once): two unmeasured rounds, so the figures are the node's, not the instrument's.
   const warmUpRounds = spec.warmUpRounds ?? 2;
   for (let round = -warmUpRounds; round < (spec.rounds ?? 3); round++) {
-    let got = 0;
+    const got = new Set(); // the subscribers that have this round's update
+    let duplicates = 0;
     const prefix = `{"id":"u${round}",`;
     const done = new Promise((resolve) => {
-      for (const s of subscribers) {
+      subscribers.forEach((s, k) => {
         s.onMessage = (text) => {
           // The frame is the reporter's text unmodified, so its start identifies the round.
-          if (text.startsWith(prefix) && ++got === subscribers.length) resolve(performance.now());
+          if (!text.startsWith(prefix)) return;
+          if (got.has(k)) duplicates++;
+          got.add(k);
+          if (got.size === subscribers.length) resolve(performance.now());
         };
-      }
+      });
     });
     const timeout = new Promise((resolve) => setTimeout(() => resolve(null), spec.timeoutMs ?? 60000));
     const started = performance.now();
@@ -235,8 +249,8 @@ async function publication() {
       id: `u${round}`, type: 'update', from: object, to: changes, body: { value: payload(spec.size) },
     }));
     const ended = await Promise.race([done, timeout]);
-    if (round >= 0) rounds.push({ ms: ended === null ? null : ended - started, received: got });
-    await new Promise((r) => setTimeout(r, 200));
+    await new Promise((r) => setTimeout(r, 200)); // a late second copy is still counted
+    if (round >= 0) rounds.push({ ms: ended === null ? null : ended - started, received: got.size, duplicates });
   }
   reporter.close();
   for (const s of subscribers) s.close();
@@ -250,9 +264,16 @@ async function latency() {
   const [to] = await b.allocate();
   await warmUp(a, b, from, to);
   const latencies = [];
+  const seen = new Set();
+  let duplicates = 0;
   const done = new Promise((resolve) => {
     b.onMessage = (text) => {
       const message = JSON.parse(text);
+      if (seen.has(message.id)) {
+        duplicates++; // a second copy is no second sample
+        return;
+      }
+      seen.add(message.id);
       latencies.push(performance.now() - message.body.sent);
       if (latencies.length === spec.count) resolve();
     };
@@ -275,6 +296,7 @@ async function latency() {
   latencies.sort((x, y) => x - y);
   return {
     received,
+    duplicates,
     p50_ms: percentile(latencies, 50),
     p99_ms: percentile(latencies, 99),
     max_ms: percentile(latencies, 100),

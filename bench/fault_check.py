@@ -14,6 +14,12 @@ destination), which is what the node promises ("in the order its sender sent it"
 - unacknowledged_undelivered: neither acknowledged nor delivered (allowed to be lost)
 - unaccounted: neither delivered nor refused with a code its sender saw: every attempted
   message must end one way or the other, acknowledged or not
+- refused: answered to its sender with an error code (an integer code of 400 or more; a 200 or
+  any other answer is no refusal: that message must still arrive)
+- refused_excused: refusals the scenario expects (a kind of fault during which the node's
+  documented answer is an error, answered while such a fault was on); every other refusal is
+  refused_unexpected, a failure like a loss
+- refused_delivered: refused and delivered all the same (its sender was told it failed)
 - unexpected: arrivals of pairs never attempted (unknown sender or sequence number, a message at
   a runtime it was not sent to, or one that arrived with a different ``to``)
 - duplicated: arrivals beyond the first of the same pair
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,7 +48,8 @@ class Attempt:
     seq: int
     destinations: tuple[str, ...]
     acknowledged: bool
-    refused: bool = False  # the node answered it with an error its sender saw
+    refused: bool = False  # the node answered it with an error code its sender saw
+    excused: bool = False  # that refusal is one the scenario expects (see faults.py)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,10 @@ class Verdict:
     recovered: int = 0
     unacknowledged_undelivered: int = 0
     unaccounted: int = 0
+    refused: int = 0
+    refused_excused: int = 0
+    refused_unexpected: int = 0
+    refused_delivered: int = 0
     unexpected: int = 0
     duplicated: int = 0
     reordered: int = 0
@@ -78,15 +90,31 @@ class Verdict:
     reordered_sample: list[str] = field(default_factory=list)
     unexpected_sample: list[str] = field(default_factory=list)
     unaccounted_sample: list[str] = field(default_factory=list)
+    refused_unexpected_sample: list[str] = field(default_factory=list)
+
+    def failures(self) -> dict[str, int]:
+        """Every count that must be 0, with its value."""
+        return {key: getattr(self, key) for key in FAILURES}
 
     @property
     def clean(self) -> bool:
-        return not (self.lost or self.unexpected or self.duplicated or self.reordered)
+        return not any(self.failures().values())
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+# The counts that must all be 0 for a run to be clean: every attempted message delivered once, in
+# order, where it was sent, or refused with an error code its sender saw that the scenario expects.
+FAILURES = (
+    "lost",
+    "unexpected",
+    "duplicated",
+    "reordered",
+    "unaccounted",
+    "refused_unexpected",
+    "refused_delivered",
+)
 SAMPLE = 8
 
 
@@ -94,6 +122,7 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
     v = Verdict()
     expected: dict[tuple[str, str, int], bool] = {}  # (sender, receiver, seq) -> acknowledged
     refused: set[tuple[str, str, int]] = set()
+    excused: set[tuple[str, str, int]] = set()
     for a in attempts:
         v.messages_attempted += 1
         for dest in a.destinations:
@@ -103,6 +132,8 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
             expected[key] = a.acknowledged
             if a.refused:
                 refused.add(key)
+                if a.excused:
+                    excused.add(key)
     v.attempted = len(expected)
     v.acknowledged = sum(expected.values())
 
@@ -128,6 +159,7 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
 
     lost: list[tuple[str, str, int]] = []
     unaccounted: list[tuple[str, str, int]] = []
+    refused_unexpected: list[tuple[str, str, int]] = []
     for key, acked in expected.items():
         arrived = seen[key] > 0
         if arrived:
@@ -140,9 +172,18 @@ def check(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> Verdict:
             v.unacknowledged_undelivered += 1
         if not arrived and key not in refused:
             unaccounted.append(key)
+        if key in refused:
+            v.refused += 1
+            v.refused_delivered += arrived
+            if key in excused:
+                v.refused_excused += 1
+            else:
+                refused_unexpected.append(key)
     v.lost = len(lost)
     v.unaccounted = len(unaccounted)
     v.unaccounted_sample = summarize(unaccounted)
+    v.refused_unexpected = len(refused_unexpected)
+    v.refused_unexpected_sample = summarize(refused_unexpected)
     v.duplicated = len(duplicated)
     v.reordered = len(reordered)
     v.unexpected = len(unexpected)
@@ -228,7 +269,25 @@ def longest_gap(arrival_times: Sequence[float], since: float | None = None) -> f
     return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
+def latencies(attempts: Iterable[Attempt], arrivals: Iterable[Arrival]) -> list[float]:
+    """Per expected delivery, seconds from its sender handing it over to its first arrival, and
+    infinity for one that never arrived (refused ones included): a percentile over arrivals
+    alone would look better the more is lost. An arrival that does not say when it was sent
+    has no latency and is left out. Arrivals must be in each receiver's order."""
+    pending = {(a.sender, dest, a.seq) for a in attempts for dest in a.destinations}
+    out: list[float] = []
+    for r in arrivals:
+        key = (r.sender, r.receiver, r.seq)
+        if key in pending and r.addressed_ok:
+            pending.discard(key)
+            if r.sent_t is not None:
+                out.append(r.t - r.sent_t)
+    return out + [math.inf] * len(pending)
+
+
 def percentile(values: Sequence[float], p: float) -> float | None:
+    """The nearest-rank percentile (infinity when it falls on something that never arrived);
+    None for no values."""
     if not values:
         return None
     ordered = sorted(values)

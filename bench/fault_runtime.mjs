@@ -16,7 +16,8 @@
 //   {"ev":"progress","n":n,"t":…}          every 100 ms of the stream: messages handed so far
 //   {"ev":"sent","count":n,"t":…}          the stream was handed to the stub in full
 //   {"ev":"stats",…}                       the stub's instance.stats, every 500 ms, if it has them
-//   {"ev":"final",…}                       on the `final` command: counts, acknowledgements
+//   {"ev":"final",…}                       on the `final` command: counts, acknowledgements,
+//                                          refusals ([seq, code, t]: answers with an error code)
 // stdin, one JSON command per line: {"cmd":"warmup","targets":[…]} (one seq-0 message per
 // target), {"cmd":"go","targets":[…]}, {"cmd":"final"}.
 import { createInterface } from 'node:readline';
@@ -64,7 +65,11 @@ const { instance } = activate(stubURL, bus, {
 });
 
 const pending = new Map(); // request id -> resolve
-const refused = {}; // response code -> numbered seqs the node answered with an error
+// Answers to numbered messages. A refusal is an answer carrying an error code (an integer, 400
+// or more): [seq, code, t] each. Any other answer (a 200, no code) refuses nothing, and the
+// message must still arrive: answered[code] lists their seqs.
+const refusals = [];
+const answered = {};
 const statuses = {};
 let expectedTo = null; // the address numbered messages must be sent to, for receivers
 let address = null;
@@ -81,9 +86,9 @@ bus.onMessage = (msg) => {
       pending.delete(msg.id);
       waiter(msg);
     } else if (Number.isInteger(msg.id)) {
-      // An answer to a numbered message: the node refused it (e.g. 503 while the homeserver is down).
-      const code = String(msg.body?.code);
-      (refused[code] ??= []).push(msg.id);
+      const code = msg.body?.code;
+      if (Number.isInteger(code) && code >= 400) refusals.push([msg.id, code, now()]);
+      else (answered[String(code ?? 'none')] ??= []).push(msg.id);
     }
     return;
   }
@@ -175,7 +180,8 @@ function final() {
     handed: bus.handed,
     handed_before_stream: handedBeforeStream,
     stats,
-    refused,
+    refusals,
+    answered,
     statuses,
     unanswered_requests: pending.size,
   });

@@ -53,9 +53,16 @@ connect again to whichever process the kernel picks: p2 takes its first runtimes
 the stub has acknowledgements; until then every message handed to the stub (said in the output).
 Either way less the messages the node answered with an error (a definite failure).
 
+Every attempted message counts: it must arrive once, in order, where it was sent, or be refused
+(answered with an error code its sender saw) in a scenario that expects that refusal
+(EXPECTED_REFUSALS: only a plain stub's, during a fault of the database or the homeserver); any
+other refusal fails the scenario. Latency percentiles are taken over every expected delivery,
+with what never arrived as infinitely late ("never").
+
 Prints a table, writes bench/results/faults-*.json. Exit 0 when every scenario is clean (nothing
-lost, duplicated, reordered or unexpected, a full drain, every fault recovered from within
---recovery-limit seconds), 1 otherwise, 2 on bad usage.
+lost, duplicated, reordered, unexpected, unaccounted for or refused unexpectedly, every planned
+message attempted, a full drain, every fault recovered from within --recovery-limit seconds), 1
+otherwise, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -66,8 +73,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
-import platform
+import math
 import random
 import secrets
 import shutil
@@ -92,10 +98,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from fault_check import (  # noqa: E402
+    FAILURES,
     Arrival,
     Attempt,
     Window,
     check,
+    latencies,
     longest_gap,
     percentile,
     recovery_times,
@@ -113,6 +121,7 @@ from fault_stack import (  # noqa: E402
     postgres_reachable,
     write_node_config,
 )
+from provenance import Source, write_results  # noqa: E402
 
 from adapter.localstack.federation import server_name_for  # noqa: E402
 from adapter.localstack.synapse import ensure_synapse_installed, free_port  # noqa: E402
@@ -719,6 +728,11 @@ class Layout:
         return (targets[(seq - 1) % len(targets)],)
 
     @property
+    def messages(self) -> int:
+        """How many numbered messages the runtimes are to hand their stubs."""
+        return self.count * len(self.senders) + (self.reporter_count if self.reporter else 0)
+
+    @property
     def stream_s(self) -> float:
         spans = [self.count / self.rate]
         if self.reporter:
@@ -813,8 +827,7 @@ async def run_scenario(
         streaming = [by_name[s] for s in layout.senders]
         if layout.reporter:
             streaming.append(by_name[layout.reporter])
-        total = layout.count * len(layout.senders) + layout.reporter_count
-        console.print(f"  {len(runtimes)} runtimes ready; streaming {total} messages")
+        console.print(f"  {len(runtimes)} runtimes ready; streaming {layout.messages} messages")
         targets = {
             rt.name: [by_name[r].address for r in layout.senders.get(rt.name, [])]
             for rt in streaming
@@ -903,47 +916,88 @@ async def drain(
     return False, round(time.monotonic() - start, 1)
 
 
-def evaluate(
-    result: dict[str, Any],
+# Which error answers to a numbered message a scenario expects, by the runtimes' stub: every
+# other refusal is a failure, counted like a loss (fault_check.FAILURES), and an expected one
+# counts only when it was answered while such a fault was on (from its start to
+# --recovery-limit seconds after its end).
+# - The bundled stub (acknowledged): none. A numbered message the node cannot decide while its
+#   database is away is given back to the stub (closed 1011, sent again) for a minute before it
+#   is answered 503, and one waiting for a full lane waits as long as its session lives
+#   (adapter/routing/ingress.py): every fault here is shorter than that.
+# - A plain stub sends nothing again, so the node answers at once what it cannot take: 503 for
+#   a message whose learned route cannot be written while the database is away, and 503 when a
+#   lane stays full past routing.backpressure_seconds while the homeserver is away or failing.
+HOMESERVER_FAULTS = ("synapse-sigterm", "synapse-sigkill", "synapse-errors", "persister-sigkill")
+EXPECTED_REFUSALS: dict[str, dict[str, frozenset[int]]] = {
+    "acknowledged": {},
+    "plain": {
+        "database-outage": frozenset({503}),
+        "monkey": frozenset({503}),
+        **dict.fromkeys(HOMESERVER_FAULTS, frozenset({503})),
+    },
+}
+
+
+def excused(
+    scenario: str, stub: str, code: int, t: float, faults: list[Fault], grace_s: float
+) -> bool:
+    """Whether a refusal with ``code`` answered at ``t`` is one the scenario expects."""
+    if code not in EXPECTED_REFUSALS[stub].get(scenario, frozenset()):
+        return False
+    return any(f.start <= t <= (f.end or t) + grace_s for f in faults)
+
+
+def grade(
+    scenario: str,
+    stub: str,
     layout: Layout,
     finals: dict[str, dict[str, Any]],
-    collector: Collector,
-    stack: Stack,
-    runtimes: list[Runtime],
+    arrivals: list[Arrival],
+    faults: list[Fault],
+    progress: dict[str, list[tuple[float, int]]],
     t0: float,
-    args: argparse.Namespace,
-) -> None:
-    # Acknowledged: the prefix the stub acknowledged (today's stub: everything handed to it),
-    # less what the node refused with an error response (a definite failure, as Jepsen's :fail).
-    refused_seqs = {
-        sender: {seq for seqs in final["refused"].values() for seq in seqs}
+    recovery_limit: float,
+) -> dict[str, Any]:
+    """What a run came to, from what the runtimes reported (``finals``: each streaming runtime's
+    final report; ``arrivals``: every arrival; ``progress``: per runtime, (t, messages handed to
+    its stub so far)). Pure: tests/integration/test_faults.py grades synthetic runs with it."""
+    result: dict[str, Any] = {}
+    # A refusal is an answer with an error code (fault_runtime.mjs): [seq, code, t].
+    refusals = {
+        sender: {seq: (code, t / 1000) for seq, code, t in final["refusals"]}
         for sender, final in finals.items()
     }
-    attempts = [
-        Attempt(
-            sender,
-            seq,
-            layout.destinations(sender, seq),
-            seq <= final["acked_through"] and seq not in refused_seqs[sender],
-            seq in refused_seqs[sender],
-        )
-        for sender, final in finals.items()
-        for seq in range(1, final["attempted"] + 1)
-    ]
-    counted = [a for a in collector.arrivals if a.seq != 0]  # seq 0: the warm-up
+    # Acknowledged: the prefix the stub acknowledged, less what the node refused (a definite
+    # failure, as Jepsen's :fail).
+    attempts = []
+    for sender, final in finals.items():
+        for seq in range(1, final["attempted"] + 1):
+            refusal = refusals[sender].get(seq)
+            attempts.append(
+                Attempt(
+                    sender,
+                    seq,
+                    layout.destinations(sender, seq),
+                    seq <= final["acked_through"] and refusal is None,
+                    refusal is not None,
+                    refusal is not None
+                    and excused(scenario, stub, refusal[0], refusal[1], faults, recovery_limit),
+                )
+            )
+    counted = [a for a in arrivals if a.seq != 0]  # seq 0: the warm-up
     verdict = check(attempts, counted)
     result["counts"] = verdict.as_dict()
+    result["messages_planned"] = layout.messages
     sources = {f["ack_source"] for f in finals.values()}
     result["ack_source"] = sources.pop() if len(sources) == 1 else sorted(sources)
     times = [a.t for a in counted]
-    faults = stack.faults
     windows = [
         Window(f.end, search_from(f), faults[i + 1].start if i + 1 < len(faults) else None)
         for i, f in enumerate(faults)
     ]
     for fault, recovery in zip(faults, recovery_times(windows, times), strict=True):
         fault.recovery_s = None if recovery is None else round(recovery, 3)
-        fault.outstanding_at_end = outstanding(fault.end, attempts, counted, runtimes)
+        fault.outstanding_at_end = outstanding(fault.end, attempts, counted, progress)
     result["faults"] = [f.as_dict(t0) for f in faults]
     recoveries = [f.recovery_s for f in faults]
     result["recovery_max_s"] = max((r for r in recoveries if r is not None), default=None)
@@ -952,7 +1006,6 @@ def evaluate(
     for t in times:
         timeline[max(0, int(t - t0))] += 1
     result["delivered_per_s"] = timeline
-    write_raw(stack.work, collector, runtimes, t0)
     gap = longest_gap(times, since=t0)
     result["max_gap_s"] = None if gap is None else round(gap, 3)
     # Taken over all receivers together, the gap misses one receiver left waiting while the
@@ -965,17 +1018,50 @@ def evaluate(
     result["max_gap_one_receiver"] = (
         None if worst is None else {"s": round(worst[0], 3), "receiver": worst[1]}
     )
-    latencies = [(a.t - a.sent_t) * 1000 for a in counted if a.sent_t is not None]
+    # Over every expected delivery: what never arrived is infinitely late ("never").
+    waits = [seconds * 1000 for seconds in latencies(attempts, counted)]
     result["latency_ms"] = {
-        "p50": _round(percentile(latencies, 50)),
-        "p99": _round(percentile(latencies, 99)),
-        "max": _round(max(latencies, default=None)),
+        "p50": _ms(percentile(waits, 50)),
+        "p99": _ms(percentile(waits, 99)),
+        "max": _ms(max(waits, default=None)),
+        "never_arrived": sum(w == math.inf for w in waits),
     }
     refused: Counter[str] = Counter()
+    answered: Counter[str] = Counter()
     for final in finals.values():
-        for code, seqs in final["refused"].items():
-            refused[code] += len(seqs)
+        for _, code, _ in final["refusals"]:
+            refused[str(code)] += 1
+        for code, seqs in final.get("answered", {}).items():
+            answered[code] += len(seqs)
     result["refused_by_node"] = dict(refused)
+    result["answered_not_refused"] = dict(answered)
+    return result
+
+
+def evaluate(
+    result: dict[str, Any],
+    layout: Layout,
+    finals: dict[str, dict[str, Any]],
+    collector: Collector,
+    stack: Stack,
+    runtimes: list[Runtime],
+    t0: float,
+    args: argparse.Namespace,
+) -> None:
+    faults = stack.faults
+    progress = {rt.name: rt.progress for rt in runtimes}
+    result |= grade(
+        result["scenario"],
+        args.stub,
+        layout,
+        finals,
+        collector.arrivals,
+        faults,
+        progress,
+        t0,
+        args.recovery_limit,
+    )
+    write_raw(stack.work, collector, runtimes, t0)
     result["stub_disconnects"] = {
         rt.name: sum(1 for _, value, _ in rt.statuses if value == "disconnected") for rt in runtimes
     }
@@ -1008,13 +1094,15 @@ def evaluate(
 
 
 def outstanding(
-    at: float, attempts: list[Attempt], arrivals: list[Arrival], runtimes: list[Runtime]
+    at: float,
+    attempts: list[Attempt],
+    arrivals: list[Arrival],
+    progress: dict[str, list[tuple[float, int]]],
 ) -> int:
     """Expected deliveries of messages handed to a stub by ``at`` that had not arrived by then."""
-    handed = {}
-    for rt in runtimes:
-        before = [n for t, n in rt.progress if t <= at]
-        handed[rt.name] = max(before, default=0)
+    handed = {
+        name: max((n for t, n in steps if t <= at), default=0) for name, steps in progress.items()
+    }
     arrived = {(a.sender, a.receiver, a.seq) for a in arrivals if a.t <= at}
     return sum(
         (a.sender, dest, a.seq) not in arrived
@@ -1056,14 +1144,22 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def _ms(value: float | None) -> float | str | None:
+    """A latency for the report: "never" when it falls on what never arrived."""
+    return "never" if value == math.inf else _round(value)
+
+
 def verdict_ok(result: dict[str, Any], recovery_limit: float) -> bool:
+    """Clean: a valid observation (no error, a full drain, every planned message attempted),
+    every count of fault_check.FAILURES 0 (every attempted message delivered once, in order, or
+    refused as the scenario expects), and delivery resumed within ``recovery_limit`` seconds of
+    every fault that left something to deliver."""
     counts = result.get("counts")
     if result.get("error") or not counts or not result.get("drained"):
         return False
-    # Every attempted message ends delivered once, or refused with a code its sender saw.
-    clean = all(
-        counts[k] == 0 for k in ("lost", "unexpected", "duplicated", "reordered", "unaccounted")
-    )
+    if counts["messages_attempted"] != result.get("messages_planned"):
+        return False
+    clean = all(counts[k] == 0 for k in FAILURES)
     recovered = all(
         f["recovery_s"] <= recovery_limit
         if f["recovery_s"] is not None
@@ -1245,6 +1341,7 @@ COLUMNS = (
     ("unexpected", "unexpected"),
     ("dup", "duplicated"),
     ("reordered", "reordered"),
+    ("refused (expected)", "refused"),
     ("recovery s (max)", "recovery"),
     ("max gap s", "max_gap_s"),
     ("valid", "valid"),
@@ -1274,6 +1371,10 @@ def row_cells(r: dict[str, Any]) -> list[str]:
             cells.append("" if r.get("max_gap_s") is None else f"{r['max_gap_s']:.2f}")
         elif key == "valid":
             cells.append(valid)
+        elif key == "refused":
+            refused = c.get("refused")
+            text = "" if refused is None else f"{refused} ({c['refused_excused']})"
+            cells.append(f"[red]{text}" if c.get("refused_unexpected") else text)
         else:
             value = c.get(key)
             text = "" if value is None else str(value)
@@ -1299,13 +1400,23 @@ def print_scenario(r: dict[str, Any]) -> None:
                     "unexpected",
                     "duplicated",
                     "reordered",
+                    "unaccounted",
+                    "refused",
+                    "refused_excused",
                 )
             )
             + f"; drained={r.get('drained')} ({r.get('drain_s')}s)"
             + f"; recovery max={r.get('recovery_max_s')}s; max gap={r.get('max_gap_s')}s"
             + (f" ({one['s']}s at {one['receiver']} alone)" if one else "")
         )
-        for key in ("lost_sample", "duplicated_sample", "reordered_sample", "unexpected_sample"):
+        for key in (
+            "lost_sample",
+            "duplicated_sample",
+            "reordered_sample",
+            "unexpected_sample",
+            "unaccounted_sample",
+            "refused_unexpected_sample",
+        ):
             if c[key]:
                 console.print(f"  {key.removesuffix('_sample')}: {'; '.join(c[key])}")
         for f in r.get("faults") or []:
@@ -1323,6 +1434,16 @@ def print_scenario(r: dict[str, Any]) -> None:
             )
         if r.get("refused_by_node"):
             console.print(f"  refused by the node (response codes): {r['refused_by_node']}")
+        if r.get("answered_not_refused"):
+            console.print(
+                f"  answered without an error code (no refusals): {r['answered_not_refused']}"
+            )
+        latency = r.get("latency_ms") or {}
+        console.print(
+            f"  latency ms over every expected delivery: p50 {latency.get('p50')}, p99 "
+            f"{latency.get('p99')}, max {latency.get('max')} (never arrived: "
+            f"{latency.get('never_arrived')})"
+        )
     console.print(f"  {'[green]clean' if r['ok'] else '[red]NOT clean'}[/] ({r['duration_s']}s)")
 
 
@@ -1339,9 +1460,10 @@ def print_table(results: list[dict[str, Any]]) -> None:
     console.print(
         "lost = acknowledged, never delivered; unexpected = delivered, never sent (there); dup ="
         " extra copies; reordered = arrived after a later message of the same sender to the same"
-        " destination; recovery = from the process answering again (or the proxy accepting"
-        " again) to the next delivery (n/a: nothing outstanding); valid = counted after a full"
-        " drain"
+        " destination; refused = answered with an error code (in brackets: those the scenario"
+        " expects; any other is a failure); recovery = from the process answering again (or the"
+        " proxy accepting again) to the next delivery (n/a: nothing outstanding); valid ="
+        " counted after a full drain"
     )
 
 
@@ -1382,7 +1504,7 @@ async def main(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    source = Source.begin()
     results = []
     for database in args.database:
         for name in scenarios:
@@ -1393,27 +1515,18 @@ async def main(args: argparse.Namespace) -> int:
             results.append(await run_scenario(name, database, plan, args, synapse_python, rng))
     print_table(results)
     out = args.out or (ROOT / "bench" / "results" / f"faults-{time.strftime('%Y%m%dT%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "started": started,
-                "command": " ".join(sys.argv),
-                "seed": seed,
-                "quick": args.quick,
-                "stub": args.stub,
-                "homeserver_workers": args.homeserver_workers,
-                "plan": dataclasses.asdict(plan),
-                "recovery_limit_s": args.recovery_limit,
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
-                "results": results,
-            },
-            indent=2,
-        )
+    write_results(
+        out,
+        {
+            "seed": seed,
+            "quick": args.quick,
+            "stub": args.stub,
+            "homeserver_workers": args.homeserver_workers,
+            "plan": dataclasses.asdict(plan),
+            "recovery_limit_s": args.recovery_limit,
+            "results": results,
+        },
+        source,
     )
     console.print(f"results written to {out}")
     return 0 if all(r["ok"] for r in results) else 1

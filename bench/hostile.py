@@ -1,9 +1,12 @@
 """A hostile runtime in the crowd (bench/run.py's ``hostile`` group, issue 22).
 
-The same crowd cell runs twice on fresh stacks: once alone, once with one hostile runtime beside
+The same crowd cell runs twice on fresh stacks: once alone, once with one hostile party beside
 it that sends 100 frames a second for the whole warm-up and window, cycling through the attacks
 of issue 22 and the fuzzer's frames (tests/support/grammar.py). The honest crowd's latency of
-both runs is reported side by side, and, per attack, what the hostile runtime obtained.
+both runs is reported side by side, and, per attack, what the hostile party obtained. It runs
+two runtimes: one sends the fuzzer's frames and the overflowing numbered frame, the other the
+targeted requests, so that the node closing the fuzzer's socket (as it does for some frames)
+does not leave the requests without an answer.
 
 The attacks aim at a victim pair of its own (so that what leaked can be counted exactly): the
 victim holds a hyperty, a learned address and a registration; its partner sends to the
@@ -18,8 +21,15 @@ victim's addresses once a second, and the victim answers through them.
 
 "Obtained" counts what an attack got: copies of the victim's traffic, the victim's address
 (messages to it reaching the attacker, or the victim's own messages refused), registry entries
-changed, connections opened, frames answered with a server error; and whether the victim pair
-kept routing (``victim_pings_lost``).
+changed, connections opened, frames answered with a server error, connections closed 1011 (a
+failure inside the node), requests answered without an error code or never answered while the
+attacker's socket stayed open (a message sent from the victim's address and routed gets no
+answer); and whether the victim pair kept routing (``victim_pings_lost``).
+
+An attack counts as refused only when the node answered it with an error code. A request whose
+answer could not come because the attacker's own socket had closed meanwhile (its fuzzed frames
+make the node close it) is reported as such (``closed_before_answer``), neither refused nor
+obtained; an attack of which no attempt was answered shows nothing and fails the check.
 """
 
 from __future__ import annotations
@@ -41,6 +51,11 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 100.0  # hostile frames per second
+# What Client.request returns when no answer came: the client's own socket closed first, or
+# the node stayed silent on an open socket. Neither is an answer of the node.
+CLOSED: dict[str, Any] = {"outcome": "attacker's socket closed before an answer"}
+UNANSWERED: dict[str, Any] = {"outcome": "no answer in time, the socket open"}
+ANSWER_SECONDS = 10.0  # how long a request waits for the node's answer
 MAX_NUMBER = 2**53 - 1
 FUZZ_FRAMES = 600
 
@@ -67,14 +82,17 @@ class Client:
         self, http: aiohttp.ClientSession, url: str, runtime_url: str, numbered: bool = True
     ) -> None:
         self.http, self.url, self.runtime_url = http, url, runtime_url
-        # The attacker sends its requests as plain frames: the fuzzer's numbered frames (up to
-        # 2^53 - 1) leave no numbers for its own.
+        # The hostile runtimes send plain frames: the fuzzer's numbered frames (up to 2^53 - 1)
+        # leave no numbers for its own, and the attacker's requests are each asked once.
         self.numbered = numbered
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self.seq = 0
         self.inbox: list[dict[str, Any]] = []
-        self.waiters: dict[Any, asyncio.Future[dict[str, Any]]] = {}
+        # request id -> (the connection it was sent on, its answer)
+        self.waiters: dict[Any, tuple[int, asyncio.Future[dict[str, Any]]]] = {}
         self.closes = 0
+        self.close_codes: Counter[str] = Counter()  # how the node closed this client's sockets
+        self.generation = 0  # bumped by every connection
         self._reader: asyncio.Task[None] | None = None
         self.token: str | None = None
 
@@ -96,25 +114,30 @@ class Client:
             raise RuntimeError(f"{self.runtime_url} refused: {answer}")
         self.token = answer["data"]["token"]
         self.seq = 0
-        self._reader = asyncio.create_task(self._read())
+        self.generation += 1
+        self._reader = asyncio.create_task(self._read(self.ws, self.generation))
 
-    async def _read(self) -> None:
-        assert self.ws is not None
-        async for frame in self.ws:
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse, generation: int) -> None:
+        async for frame in ws:
             if frame.type != aiohttp.WSMsgType.TEXT:
                 continue
             parsed = json.loads(frame.data)
             if isinstance(parsed, list) and len(parsed) == 4:
-                await self.ws.send_str(f'{{"cmd":"ack","received":{parsed[0]}}}')
+                await ws.send_str(f'{{"cmd":"ack","received":{parsed[0]}}}')
                 parsed = parsed[3]
             if not isinstance(parsed, dict):
                 continue
-            waiter = self.waiters.pop(parsed.get("id"), None)
-            if waiter is not None and parsed.get("type") == "response" and not waiter.done():
-                waiter.set_result(parsed)
+            waiting = self.waiters.get(parsed.get("id"))
+            if waiting is not None and parsed.get("type") == "response" and not waiting[1].done():
+                waiting[1].set_result(parsed)
             else:
                 self.inbox.append(parsed)
         self.closes += 1
+        self.close_codes[str(ws.close_code)] += 1
+        # What was asked on this socket can no longer be answered on it.
+        for sent_on, waiter in self.waiters.values():
+            if sent_on == generation and not waiter.done():
+                waiter.set_result(CLOSED)
 
     async def ensure(self) -> None:
         if self.ws is None or self.ws.closed:
@@ -136,9 +159,14 @@ class Client:
     async def request(
         self, to: str, type_: str, body: dict[str, Any], from_: str | None = None
     ) -> dict[str, Any]:
+        """The node's answer; CLOSED when this client's socket closed before one came (the
+        answer could not come), UNANSWERED when none came within ANSWER_SECONDS on an open
+        socket."""
         msg_id = f"q{next(self._ids)}"
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.waiters[msg_id] = waiter
+        await self.ensure()
+        generation = self.generation
+        self.waiters[msg_id] = (generation, waiter)
         await self.send(
             {
                 "id": msg_id,
@@ -149,10 +177,12 @@ class Client:
             }
         )
         try:
-            return await asyncio.wait_for(waiter, 10)
+            return await asyncio.wait_for(waiter, ANSWER_SECONDS)
         except TimeoutError:
+            closed = self.generation != generation or self.ws is None or self.ws.closed
+            return CLOSED if closed else UNANSWERED
+        finally:
             self.waiters.pop(msg_id, None)
-            return {"body": {"code": 408}}
 
     async def close(self) -> None:
         if self.ws is not None:
@@ -169,10 +199,16 @@ class Hostile:
         self.url, self.domain = url, domain
         self.mn = f"domain://msg-node.{domain}"
         self.attempts: Counter[str] = Counter()
-        self.answers: dict[str, Counter[str]] = {}
+        self.answers: dict[str, Counter[str]] = {}  # attack -> the node's answer codes
+        self.refused: Counter[str] = Counter()  # attack -> attempts answered with an error code
+        self.closed_before_answer: Counter[str] = Counter()
         self.obtained: Counter[str] = Counter()
         self.pings_sent = 0
         self.pings_got = 0
+
+    @property
+    def clients(self) -> tuple[Client, ...]:
+        return (self.victim, self.partner, self.attacker, self.fuzzer)
 
     async def _setup(self, http: aiohttp.ClientSession) -> None:
         d = self.domain
@@ -181,7 +217,8 @@ class Hostile:
         self.attacker = Client(
             http, self.url, f"runtime://{d}/hostile-bench-attacker", numbered=False
         )
-        for client in (self.victim, self.partner, self.attacker):
+        self.fuzzer = Client(http, self.url, f"runtime://{d}/hostile-bench-fuzzer", numbered=False)
+        for client in self.clients:
             await client.connect()
         self.v_hyperty = await self._allocate(self.victim)
         self.p_hyperty = await self._allocate(self.partner)
@@ -228,16 +265,29 @@ class Hostile:
         return reply["body"].get("value")
 
     def _answered(self, attack: str, reply: dict[str, Any]) -> None:
-        code = str(reply.get("body", {}).get("code", reply.get("response")))
-        self.answers.setdefault(attack, Counter())[code] += 1
-        if code.startswith("5"):
+        """Refused only with an error code from the node; any other answer, or silence on an
+        open socket, is what the attack obtained."""
+        if reply is CLOSED:
+            self.closed_before_answer[attack] += 1
+            return
+        if reply is UNANSWERED:
+            self.obtained[f"{attack}: not answered (the socket open)"] += 1
+            return
+        body = reply.get("body")
+        code = body.get("code") if isinstance(body, dict) else None
+        self.answers.setdefault(attack, Counter())[str(code)] += 1
+        if not isinstance(code, int) or code < 400:
+            self.obtained[f"{attack}: answered {code}"] += 1
+        elif code >= 500:
             self.obtained[f"{attack}: server errors"] += 1
+        else:
+            self.refused[attack] += 1
 
     # -- the attacks --------------------------------------------------------------------------
 
     async def seq_overflow(self) -> None:
         message = {"id": "big", "type": "ping", "from": self.v_hyperty, "to": self.p_hyperty}
-        await self.attacker.send_raw(f"[{MAX_NUMBER + 2},{json.dumps(message)}]")
+        await self.fuzzer.send_raw(f"[{MAX_NUMBER + 2},{json.dumps(message)}]")
 
     async def subscribe_hyperty(self) -> None:
         reply = await self.attacker.request(
@@ -283,6 +333,10 @@ class Hostile:
             )
         except aiohttp.WSServerHandshakeError as exc:
             self.answers.setdefault("foreign_origin", Counter())[str(exc.status)] += 1
+            if 400 <= exc.status < 500:
+                self.refused["foreign_origin"] += 1
+            else:
+                self.obtained[f"foreign_origin: answered {exc.status}"] += 1
             return
         self.obtained["foreign_origin: connections opened"] += 1
         await ws.close()
@@ -330,7 +384,7 @@ class Hostile:
                     task.add_done_callback(pending.discard)
                 else:
                     self.attempts["fuzz"] += 1
-                    await self.attacker.send_raw(next(fuzzed))
+                    await self.fuzzer.send_raw(next(fuzzed))
                 await asyncio.sleep(1 / RATE)
             await asyncio.gather(*pending, return_exceptions=True)
             await traffic
@@ -342,32 +396,54 @@ class Hostile:
             m.get("id") for m in self.victim.inbox if str(m.get("id", "")).startswith("v")
         }
         self.pings_got = len(victim_got)
-        leaked = [m for m in self.attacker.inbox if str(m.get("id", "")).startswith("v")]
+        hostile = self.attacker.inbox + self.fuzzer.inbox
+        leaked = [m for m in hostile if str(m.get("id", "")).startswith("v")]
         self.obtained["copies of the victim's traffic"] += len(leaked)
         if await self._registration() != self.registration:
             self.obtained["registry: victim's entry changed"] += 1
-        for message in self.attacker.inbox:
+        for message in hostile:
             body = message.get("body")
             code = body.get("code") if isinstance(body, dict) else message.get("response")
             # An unconfigured global registry answers 503: its documented answer.
             unconfigured = str(message.get("from", "")).startswith("global://") and code == 503
             if isinstance(code, int) and code >= 500 and not unconfigured:
                 self.obtained["fuzz: server errors"] += 1
-        for client in (self.victim, self.partner, self.attacker):
+        internal = sum(c.close_codes.get("1011", 0) for c in (self.attacker, self.fuzzer))
+        if internal:
+            self.obtained["connections closed 1011 (a failure inside the node)"] += internal
+        for client in self.clients:
             await client.close()
         return {
             "rate_per_s": RATE,
             "attempts": dict(self.attempts),
             "answers": {k: dict(v) for k, v in self.answers.items()},
+            "refused": dict(self.refused),
+            "closed_before_answer": dict(self.closed_before_answer),
             "obtained": {k: v for k, v in self.obtained.items() if v},
             "victim_pings_sent": self.pings_sent,
             "victim_pings_lost": self.pings_sent - self.pings_got,
             "attacker_reconnects": self.attacker.closes,
+            "attacker_close_codes": dict(self.attacker.close_codes),
+            "fuzzer_reconnects": self.fuzzer.closes,
+            "fuzzer_close_codes": dict(self.fuzzer.close_codes),
         }
 
 
 # -- the group (bench/run.py --only hostile) -----------------------------------------------------
 
+# The attacks answered by the node (requests, and the foreign page's upgrade): each must be seen
+# refused. seq_overflow gets no answer of its own; the victim pair's pings show what it did.
+ANSWERED_ATTACKS = frozenset(
+    {
+        "subscribe_hyperty",
+        "subscribe_runtime",
+        "take_address",
+        "registry_update",
+        "registry_delete",
+        "registry_keepalive",
+        "foreign_origin",
+    }
+)
 FULL_CELL = (200, 5.0, 60.0)
 QUICK_CELL = (10, 2.0, 5.0)
 P99_LIMIT = 1.5  # honest p99 with the hostile runtime, as a multiple of the crowd's alone
@@ -460,7 +536,21 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "limit": 0,
             "met": not report.get("obtained") and report.get("victim_pings_lost") == 0,
         },
+        {
+            # Nothing obtained means something only for an attack the node was seen to refuse.
+            "check": "hostile: every targeted attack refused with an error code at least once",
+            "node": sorted(unproven(report)),
+            "limit": [],
+            "met": bool(report) and not unproven(report),
+        },
     ]
+
+
+def unproven(report: dict[str, Any]) -> set[str]:
+    """The targeted attacks tried and never answered with an error code (each attempt's answer
+    lost with the attacker's socket, say): nothing shows they were refused."""
+    answered = ANSWERED_ATTACKS & set(report.get("attempts", {}))
+    return {a for a in answered if not report.get("refused", {}).get(a)}
 
 
 def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], console: Any) -> None:
@@ -498,14 +588,16 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
     if beside is not None:
         report = beside["companion"]
         attacks = Table(title="what each attack obtained")
-        for col in ("attack", "attempts", "answers", "obtained"):
+        for col in ("attack", "attempts", "refused", "answers", "socket closed first", "obtained"):
             attacks.add_column(col)
         for name, attempts in sorted(report["attempts"].items()):
             got = {k: v for k, v in report["obtained"].items() if k.startswith(name)}
             attacks.add_row(
                 name,
                 str(attempts),
+                str(report.get("refused", {}).get(name, 0)),
                 json.dumps(report["answers"].get(name, {})),
+                str(report.get("closed_before_answer", {}).get(name, 0)),
                 json.dumps(got) if got else "nothing",
             )
         others = {
@@ -516,7 +608,9 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
         attacks.add_row(
             "victim pair",
             str(report["victim_pings_sent"]),
+            "",
             f"{report['victim_pings_lost']} lost",
+            "",
             json.dumps(others) if others else "nothing",
         )
         console.print(attacks)

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import platform
 import secrets
 import statistics
 import subprocess
@@ -51,6 +50,7 @@ import domains  # noqa: E402
 import hostile  # noqa: E402
 from bare import BarePipeline  # noqa: E402
 from databases import KINDS, fresh_database  # noqa: E402
+from provenance import Source, write_results  # noqa: E402
 
 from adapter.localstack.homeserver_database import ensure_homeserver_database  # noqa: E402
 from adapter.localstack.synapse import (  # noqa: E402
@@ -418,7 +418,12 @@ async def run_latency(name: str, url: str, plan: Plan, results: Results, tag: st
         }
     )
     results.add(
-        "latency", target=name, p50_ms=r["p50_ms"], p99_ms=r["p99_ms"], received=r["received"]
+        "latency",
+        target=name,
+        p50_ms=r["p50_ms"],
+        p99_ms=r["p99_ms"],
+        received=r["received"],
+        duplicates=r["duplicates"],
     )
 
 
@@ -447,6 +452,7 @@ async def run_publication(name: str, url: str, plan: Plan, results: Results, tag
                 subscribe_ms=r["subscribe_ms"],
                 rounds_ms=[None if x["ms"] is None else round(x["ms"], 1) for x in r["rounds"]],
                 lost=sum(subscribers - x["received"] for x in r["rounds"]),
+                duplicates=sum(x["duplicates"] for x in r["rounds"]),
             )
 
 
@@ -475,6 +481,7 @@ async def run_messaging(name: str, url: str, plan: Plan, results: Results, tag: 
                 runs_ms=[None if r["ms"] is None else round(r["ms"], 1) for r in runs],
                 lost=sum(r["lost"] for r in runs),
                 out_of_order=sum(r["out_of_order"] for r in runs),
+                duplicates=sum(r["duplicates"] for r in runs),
             )
 
 
@@ -556,7 +563,9 @@ def summarize(results: Results) -> list[dict[str, Any]]:
         node, relay = find(test, "node"), find(test, "relay")
         bare_test = BARE_BASELINE.get(test)
         bare_row = find(bare_test, "bare") if bare_test else None
-        lossless = node is None or (node.get("lost", 0) == 0 and node.get("out_of_order", 0) == 0)
+        lossless = node is None or all(
+            node.get(k, 0) == 0 for k in ("lost", "out_of_order", "duplicates")
+        )
         check(
             test,
             value(node, key),
@@ -632,10 +641,14 @@ def _cell(row: dict[str, Any] | None) -> str:
         return f"p50 {row['p50_ms']:.1f} p99 {row['p99_ms']:.1f}"
     if "added_mb" in row:
         return f"+{row['added_mb']:.0f} MB ({row['connections']} conns)"
-    lost = row.get("lost", 0)
+    lost, twice = row.get("lost", 0), row.get("duplicates", 0)
     if row.get("ms") is None:
         return f"incomplete, lost {lost}"
-    return f"{row['ms']:.0f}" + (f" LOST {lost}" if lost else "")
+    return (
+        f"{row['ms']:.0f}"
+        + (f" LOST {lost}" if lost else "")
+        + (f" TWICE {twice}" if twice else "")
+    )
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -784,14 +797,12 @@ async def main(args: argparse.Namespace) -> int:
         only = plan.only if args.only else frozenset()
         plan = dataclasses.replace(plan, crowd_cells=(args.crowd,), only=only | {"crowd"})
     await asyncio.to_thread(ensure_driver_installed)
+    source = Source.begin()
     results = Results(
-        started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        started=source.started,
+        # What was measured (the machine itself, its load, the commit: the file's source).
         machine={
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
             "quick": args.quick,
-            "loadavg_at_start": os.getloadavg(),
             "database": args.database,
             "homeserver_database": HOMESERVER_DATABASE,
             "homeserver_workers": HOMESERVER_WORKERS,
@@ -871,7 +882,6 @@ async def main(args: argparse.Namespace) -> int:
             Service,
             _apply_settings,
         )
-    results.machine["loadavg_at_end"] = os.getloadavg()
 
     checks = summarize(results) if plan.only - (OWN_STACK - {"bare"}) else []
     crowd_checks = crowd.checks(results.rows)
@@ -885,17 +895,15 @@ async def main(args: argparse.Namespace) -> int:
     churn.print_report(results.rows, churn_checks, console)
     domains.print_report(results.rows, federation_checks, console)
     out = args.out or ROOT / "bench" / "results" / f"bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "started": results.started,
-                "machine": results.machine,
-                "rows": results.rows,
-                "checks": checks + crowd_checks + hostile_checks + churn_checks + federation_checks,
-            },
-            indent=2,
-        )
+    write_results(
+        out,
+        {
+            "started": results.started,
+            "machine": results.machine,
+            "rows": results.rows,
+            "checks": checks + crowd_checks + hostile_checks + churn_checks + federation_checks,
+        },
+        source,
     )
     console.print(f"results written to {out}")
     return 0

@@ -1,12 +1,13 @@
 """What summing the live dashboard's window costs when it holds an hour of a crowd.
 
-    .venv/bin/python bench/window_merge.py [--generations 120] [--rows 60000]
+    .venv/bin/python bench/window_merge.py [--generations 120] [--rows 60000] [--out FILE]
 
 One cycle's worth of synthetic export (`--rows`, 30 s of traffic) goes through the real
 incremental Spark job once (adapter/ops/live_state.py). Its generation is then copied
 `--generations` times, each copy moved to later minutes (two cycles a minute, as with the
 default 30 s refresh), so the window holds as many distinct minutes as an hour of that traffic.
-Prints how long the window's sum (adapter/analytics/window.py, no Spark) takes, three times.
+Prints how long the window's sum (adapter/analytics/window.py, no Spark) takes, three times,
+and writes them to bench/results/window_merge-<time>.json (or --out).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from provenance import Source, write_results  # noqa: E402
 
 from adapter.analytics.aggregates import MINUTE_MS  # noqa: E402
 from adapter.analytics.job import build_spark, quiet  # noqa: E402
@@ -45,7 +49,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", type=int, default=120)
     parser.add_argument("--rows", type=int, default=60_000)
+    parser.add_argument("--out", type=Path, help="JSON results file")
     args = parser.parse_args()
+    source = Source.begin()
+    merges: list[dict[str, float | int]] = []
     work = Path(tempfile.mkdtemp(prefix="window-merge-"))
     try:
         spec = SyntheticSpec(rows=args.rows, seed=5, rate_per_s=args.rows / 30, top_n=20)
@@ -71,8 +78,19 @@ def main() -> int:
                 f"window of {args.generations} generations: {read['messages']:,} messages, "
                 f"{read['receipts']:,} receipts summed in {elapsed:.2f} s"
             )
+            merges.append(
+                {"messages": read["messages"], "receipts": read["receipts"], "seconds": elapsed}
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    out = (
+        args.out
+        or REPO / "bench" / "results" / f"window_merge-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    )
+    write_results(
+        out, {"generations": args.generations, "rows": args.rows, "merges": merges}, source
+    )
+    print(f"results written to {out}")
     return 0
 
 

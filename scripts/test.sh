@@ -4,6 +4,7 @@
 # for the browser tests when it is missing (as root, or through sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+command_started=$(date +%s)
 
 # --fast: only what needs no homeserver (lint, types, layering, the stub's tests, unit tests).
 fast=""
@@ -42,4 +43,15 @@ echo "== Python tests (real Synapse, databases, Spark, Node.js, Chromium)"
 # Two workers: most of the suite's time is spent waiting on homeservers, nodes and faults, so two
 # at once on a 2-core machine take ~60 % of one's time. Tests that share session state run on
 # one worker (tests/support/xdist_schedule.py). RETHINK_MN_TEST_WORKERS=0: all in one process.
-.venv/bin/python -m pytest -rs -n "${RETHINK_MN_TEST_WORKERS:-2}" --dist loadgroup "$@"
+suite=(.venv/bin/python -m pytest -rs -n "${RETHINK_MN_TEST_WORKERS:-2}" --dist loadgroup "$@")
+load_at_start=$(cut -d' ' -f1-3 /proc/loadavg)
+suite_started=$(date +%s)
+status=0
+"${suite[@]}" || status=$?
+# The suite's own time, printed and written with the commit, the command and the machine's load
+# (bench/results/suite-*.json): the README's figure for it comes from such a file.
+now=$(date +%s)
+.venv/bin/python bench/suite_time.py --suite-seconds $((now - suite_started)) \
+  --total-seconds $((now - command_started)) --status "$status" \
+  --load-at-start "$load_at_start" -- "${suite[@]}"
+exit "$status"

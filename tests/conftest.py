@@ -32,6 +32,7 @@ from adapter.private_files import dump_private_yaml
 from adapter.storage import migrate
 from appservice.registration import build_registration
 
+from .support.fuzzing import CORPUS, SEED_VARIABLE, fuzz_seed
 from .support.xdist_schedule import TogetherByPath, misplaced
 
 # The node's processes log through adapter.observability.configure_logging; a test process
@@ -71,6 +72,26 @@ def worker_services() -> None:
         psycopg.connect(PG_DSN, connect_timeout=5).close()
     except psycopg.OperationalError as exc:
         missing_service(f"PostgreSQL not reachable at {PG_DSN} ({exc})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The fuzzers' seed: the controller's, on every xdist worker too."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and "fuzz_seed" in worker:
+        os.environ[SEED_VARIABLE] = worker["fuzz_seed"]
+    fuzz_seed()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput["fuzz_seed"] = str(fuzz_seed())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (
+        f"fuzz seed: {fuzz_seed()} ({SEED_VARIABLE}={fuzz_seed()} draws the same examples again; "
+        f"the kept ones in {CORPUS.relative_to(CORPUS.parents[1])} are replayed first)"
+    )
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> TogetherByPath | None:

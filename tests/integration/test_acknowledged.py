@@ -49,7 +49,7 @@ async def test_numbered_messages_are_acknowledged_cumulatively_and_delivered_num
         delivered = [f for f in bob.frames if f.startswith("[")]
         assert len(delivered) == total + 1  # the allocation answer, then the updates
         assert delivered[1].split(",", 3)[2] == "2"  # alice's message 2 is update 0
-        assert bob.duplicates == 0
+        assert bob.duplicates == 0 and bob.delivered_twice == 0
         # Everything bob acknowledged is settled: nothing waits in the database for him.
         session = node.sessions.by_runtime(bob.runtime_url)
         assert session is not None
@@ -82,7 +82,7 @@ async def test_a_receiver_that_drops_gets_exactly_what_it_missed(
         await bob.connect()  # says which deliveries it has: the node continues after them
         assert await numbers(bob, 70) == list(range(50, 120))
         assert await bob.nothing_within(0.5)
-        assert bob.duplicates == 0
+        assert bob.duplicates == 0 and bob.delivered_twice == 0
     finally:
         await alice.close()
         await bob.close()
@@ -108,6 +108,7 @@ async def test_a_sender_resends_what_was_not_acknowledged_and_nothing_is_routed_
                 await asyncio.sleep(0.02)
         assert await numbers(bob, 100) == list(range(100))
         assert await bob.nothing_within(1.0)
+        assert bob.delivered_twice == 0
         dropped = node.metrics.duplicates.labels("stub")._value.get()
         assert dropped > 0
     finally:
@@ -150,6 +151,9 @@ async def test_a_graceful_restart_of_the_node_loses_nothing_and_routes_nothing_t
         got += await numbers(bob, total - len(got), timeout=60)
         assert got == list(range(total))
         assert await bob.nothing_within(1.0)
+        # Nothing twice: none handed to bob again, and none even sent him again (a graceful
+        # stop settles what it delivered before it closes).
+        assert bob.delivered_twice == 0 and bob.duplicates == 0
     finally:
         await alice.close()
         await bob.close()
@@ -199,10 +203,14 @@ async def test_a_request_sent_again_after_the_node_went_down_gets_the_same_answe
         node = await start_node(url)
         rt.stub_url = stub_url(node)
         rt.hold_acks = False
+        # The request, sent again, is answered again: the same answer reaches the runtime a
+        # second time (its first one had settled the request there), and only that.
+        rt.twice_allowed = True
         await rt.connect()  # sends the request again
         again = await rt.receive(10)
         assert again["id"] == first["id"] and again["body"]["code"] == 200, again
         assert again["body"]["value"] == first["body"]["value"]
+        assert rt.delivered_twice == 1 and rt.twice_sample == [again]
         session = node.sessions.by_runtime(rt.runtime_url)
         assert session is not None
         assert node.table.holdings(session.id).addresses == 2
@@ -232,17 +240,14 @@ async def test_homeserver_restart_mid_stream_loses_nothing(
         await asyncio.sleep(1.0)
         homeserver.process.start()
         await homeserver.process.wait_ready()
-        back = asyncio.get_running_loop().time()
-        # Routing resumes within about two seconds of the homeserver answering again (the
-        # lanes retry at most every two seconds), as the README says: the next message held
-        # while it was away arrives within that, with a margin for a busy machine.
+        # How soon routing resumes is the fault suite's measure (bench/faults.py,
+        # synapse-sigterm and synapse-sigkill: recovery_s), not a threshold here.
         resumed = await numbers(bob, 1, timeout=60)
-        assert asyncio.get_running_loop().time() - back < 4.0
         await sending
         rest = await numbers(bob, total - 51, timeout=60)
         assert first + resumed + rest == list(range(total))
         assert await bob.nothing_within(1.0)
-        assert bob.duplicates == 0
+        assert bob.duplicates == 0 and bob.delivered_twice == 0
     finally:
         await alice.close()
         await bob.close()

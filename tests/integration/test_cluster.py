@@ -187,6 +187,10 @@ async def test_a_runtime_moving_between_processes_loses_nothing_sent_to_it(
         await sending
         assert got == list(range(1, total + 1))
         assert await judy.nothing_within(0.5)
+        # Once: none handed to judy twice. (What a process had sent her and she had not
+        # acknowledged when her socket dropped comes again from the next one, and her filter
+        # drops it: judy.duplicates may be above 0.)
+        assert judy.delivered_twice == 0, judy.twice_sample
         # And back: judy's answer reaches ivan wherever she is now.
         await judy.send(_message(999, j, i))
         assert (await ivan.receive())["body"]["n"] == 999
@@ -234,12 +238,14 @@ async def test_a_runtime_moves_at_once_while_its_holders_lane_never_rests(
         took = time.monotonic() - asked
         flooding = False
         sent = await flood_task
+        # Taken at the first attempt while the flood went on (a handover that waits for the
+        # lane to rest is answered 503 here). How long a move takes is the fault suite's figure
+        # (bench/faults.py node-process-added), not a threshold here.
         assert lena.connect_answer is not None and lena.connect_answer["response"] == 200, (
             lena.connect_answer
         )
         assert p2.sessions.by_runtime(lena.runtime_url) is not None
         print(f"lena moved in {took:.2f} s under a flood of {sent} messages")
-        assert took < 2.0, took
         await lena.send(_message(2, le, m))
         assert [msg["body"]["n"] for msg in await max_.receive_n(2)] == [1, 2]
         got = [msg["body"]["n"] for msg in await judy.receive_n(sent, timeout=60)]
@@ -458,11 +464,13 @@ async def test_a_process_added_under_load_takes_new_runtimes_at_once(
         await collecting
         assert [n for _t, n in arrivals] == list(range(1, total + 1))
         assert await judy.nothing_within(0.5) and judy.duplicates == 0
-        # The stream did not wait for the new process: no gap while it joined.
-        during = [t for t, _n in arrivals if adding - 0.5 <= t <= time.monotonic()]
-        gap = max(b - a for a, b in itertools.pairwise(during))
-        print(f"largest gap in the stream while p2 joined: {gap * 1000:.0f} ms")
-        assert gap < 1.0, gap
+        # The stream did not wait for the new process: messages kept arriving while p2 started
+        # and kate connected to it. (How long the stream paused, if at all, is the fault
+        # suite's figure: bench/faults.py node-process-added.)
+        during = [t for t, _n in arrivals if adding <= t <= added]
+        assert during, "nothing arrived while p2 started: the stream waited for it"
+        gaps = [b - a for a, b in itertools.pairwise([adding, *during, added])]
+        print(f"largest gap in the stream while p2 joined: {max(gaps) * 1000:.0f} ms")
     finally:
         for runtime in (ivan, judy, kate):
             if runtime is not None:

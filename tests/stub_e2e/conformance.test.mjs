@@ -12,14 +12,23 @@ const RUN = process.env.MN_RUN ?? `${Date.now()}`;
 assert.ok(NODE_URL, 'MN_STUB_URL must name the node under test');
 
 // A runtime's message bus, reduced to what a stub needs: addListener('*') and postMessage.
+// Every message handed to it is kept as JSON: one handed twice is counted (`twice`), never
+// dropped unseen (the stub's status updates repeat by design and are not counted).
 class Bus {
   constructor() {
     this.listeners = [];
     this.received = [];
     this.waiters = [];
+    this.handed = new Set();
+    this.twice = [];
   }
   addListener(_address, listener) { this.listeners.push(listener); }
   postMessage(message) {
+    if (!String(message.to).endsWith('/status')) {
+      const text = JSON.stringify(message);
+      if (this.handed.has(text)) this.twice.push(message);
+      this.handed.add(text);
+    }
     this.received.push(message);
     this.waiters = this.waiters.filter(({ match, resolve }) => {
       if (!match(message)) return true;
@@ -46,11 +55,13 @@ class Bus {
 
 let counter = 0;
 const opened = [];
+const buses = [];
 
 function runtime(name, handshake = 'v1') {
   const runtimeURL = `runtime://${DOMAIN}/${name}-${RUN}`;
   const stubURL = `hyperty-runtime://${DOMAIN}/protostub/${name}-${RUN}`;
   const bus = new Bus();
+  buses.push(bus);
   const { instance } = activate(stubURL, bus, {
     runtimeURL, messagingnode: NODE_URL, handshake, reconnect: { initialDelay: 50, maxDelay: 500 },
   });
@@ -186,4 +197,9 @@ describe('messaging', () => {
     const answer = await rt.bus.next((m) => m.id === 'nowhere' && m.type === 'response');
     assert.equal(answer.body.code, 404);
   });
+});
+
+// Last: every message of every scenario above reached its runtime once.
+test('no runtime was handed a message twice', () => {
+  assert.deepEqual(buses.flatMap((bus) => bus.twice), []);
 });

@@ -270,31 +270,81 @@ def address_like() -> st.SearchStrategy[str]:
     )
 
 
-def transactions() -> st.SearchStrategy[Any]:
-    """Appservice transaction bodies: events of the node's own types with hostile content."""
-    content = st.one_of(
-        st.fixed_dictionaries(
-            {},
-            optional={
-                "v": st.one_of(st.sampled_from([1, 2]), json_values),
-                "n": numbers(),
-                "lane": json_values,
-                "count": json_values,
-                "senders": st.one_of(
-                    st.lists(st.lists(text(20), max_size=5), max_size=3), json_values
-                ),
-                "messages": st.one_of(
-                    st.lists(
-                        st.tuples(json_values, numbers(), json_values, text(40)).map(list),
-                        max_size=3,
+def lane_batches(
+    to: list[str], peer: str, peer_bot: str, values: st.SearchStrategy[Any] = json_values
+) -> st.SearchStrategy[Any]:
+    """Lane batch contents (carrier.LANE_FORMAT) a peer's node can write, from well formed (its
+    messages to ``to``, from its own addresses or not) to every field wrong in every way."""
+    number = st.one_of(st.sampled_from(EDGE_INTEGERS), st.integers(1, 10**6), text(8))
+    message = st.one_of(
+        st.builds(
+            _text,
+            st.fixed_dictionaries(
+                {
+                    "id": json_values,
+                    "type": st.sampled_from(["ping", "subscribe", "response", "read", "update"]),
+                    "from": st.sampled_from(
+                        [
+                            f"hyperty://{peer}/x",
+                            f"hyperty://{D}/x",
+                            "x",
+                            f"domain://msg-node.{peer}/sm",
+                        ]
                     ),
-                    json_values,
-                ),
-                "entries": json_values,
-                "media": json_values,
-                "membership": json_values,
-            },
+                    "to": st.one_of(st.sampled_from(to), text(20)),
+                },
+                optional={"body": json_values},
+            ),
         ),
+        text(40),
+    )
+    entry = st.tuples(
+        st.one_of(st.integers(0, 2), values),
+        number,
+        st.one_of(st.lists(st.sampled_from(to), max_size=3), values),
+        st.one_of(message, values),
+    ).map(list)
+    sender = st.one_of(
+        st.tuples(
+            st.one_of(st.sampled_from(["pfuzz", "a" * 200]), text(20)),
+            st.one_of(st.just(f"runtime://{peer}/pfuzz"), text(20)),
+            st.one_of(st.just(peer_bot), text(20)),
+        ).map(list),
+        values,
+    )
+    return st.fixed_dictionaries(
+        {"v": st.one_of(st.just(2), values)},
+        optional={
+            "n": number,
+            "count": st.one_of(st.integers(0, 4), values),
+            "senders": st.one_of(st.lists(sender, min_size=1, max_size=3), values),
+            "messages": st.one_of(st.lists(entry, max_size=4), values),
+            "media": values,
+        },
+    )
+
+
+def transactions(
+    known: list[str], peer: str, peer_bot: str, own_bot: str
+) -> st.SearchStrategy[Any]:
+    """Appservice transaction bodies: events of the node's own types with hostile content, most
+    of them from the peer's node (``peer_bot``), in a few rooms, so that the node's handlers act
+    on them: invitations to ``own_bot``, lane batches for the runtimes ``known``."""
+    journal = st.fixed_dictionaries(
+        {},
+        optional={
+            "v": st.one_of(st.sampled_from([1, 2]), json_values),
+            "n": numbers(),
+            "lane": json_values,
+            "count": json_values,
+            "entries": json_values,
+            "membership": json_values,
+        },
+    )
+    content = st.one_of(
+        lane_batches(known, peer, peer_bot),
+        journal,
+        st.fixed_dictionaries({"membership": st.sampled_from(["invite", "join", "leave"])}),
         json_values,
     )
     event = st.fixed_dictionaries(
@@ -314,9 +364,16 @@ def transactions() -> st.SearchStrategy[Any]:
         },
         optional={
             "event_id": st.one_of(text(20), json_values),
-            "room_id": st.one_of(st.just("!fuzz:hs"), text(20), json_values),
-            "sender": st.one_of(st.sampled_from(["@_rethink_bot:hs", "@evil:hs"]), text(20)),
-            "state_key": json_values,
+            "room_id": st.one_of(
+                st.sampled_from(["!fuzz1:peer.hs", "!fuzz2:peer.hs", "!fuzz:hs"]),
+                text(20),
+                json_values,
+            ),
+            "sender": st.one_of(
+                st.sampled_from([peer_bot, peer_bot, own_bot, "@evil:hs"]), text(20)
+            ),
+            "state_key": st.one_of(st.just(own_bot), json_values),
+            "origin_server_ts": st.one_of(st.sampled_from(EDGE_INTEGERS), json_values),
         },
     )
     return st.one_of(

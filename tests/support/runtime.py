@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import weakref
 from typing import Any
 
 import aiohttp
@@ -22,9 +23,19 @@ class PyRuntime:
 
     With ``acked=True`` it speaks the acknowledged protocol as the bundled stub does: numbered
     messages kept until acknowledged and sent again on ``connect``, numbered deliveries
-    acknowledged (unless ``hold_acks``) and deduplicated; ``duplicates`` counts what it dropped."""
+    acknowledged (unless ``hold_acks``) and deduplicated.
+
+    Duplicates are counted, never dropped unseen: ``duplicates`` counts the numbered deliveries
+    its filter dropped (the node sent again what the runtime had: allowed after a crash of the
+    node, see docs/stub-protocol.md), and ``delivered_twice`` the reTHINK messages handed on to
+    the runtime (its inbox) although it had been handed the same message before: what the node
+    promises never happens. A test of "once" asserts ``delivered_twice == 0``, and
+    ``duplicates == 0`` unless the node crashed."""
 
     _ids = itertools.count(1)
+    # Every runtime alive: tests/integration/conftest.py checks after each test that none was
+    # handed a message twice.
+    alive: weakref.WeakSet[PyRuntime] = weakref.WeakSet()
 
     def __init__(self, stub_url: str, runtime_url: str, acked: bool = False) -> None:
         self.stub_url = stub_url
@@ -45,8 +56,16 @@ class PyRuntime:
         self.received = 0  # highest delivery number handed on
         self.origins: dict[str, int] = {}
         self.duplicates = 0
+        self.handed: set[bytes] = set()  # every reTHINK message handed on, as canonical JSON
+        self.delivered_twice = 0
+        self.twice_sample: list[Any] = []
         self.hold_acks = False
         self.token: str | None = None
+        # Set by a test where the same message may rightly reach this runtime twice (the
+        # answer to a request its stub sent again, an attacker sending one message twice, a
+        # plain stub's receiver across a crash of the node): that test checks what must hold.
+        self.twice_allowed = False
+        PyRuntime.alive.add(self)
 
     async def connect(
         self,
@@ -113,8 +132,18 @@ class PyRuntime:
                 elif isinstance(parsed, dict) and parsed.get("cmd") == "ack" and self.acked:
                     self._acknowledged(parsed["seq"])
                 else:
-                    await self.inbox.put(parsed)
+                    await self._hand_on(parsed)
         self.close_code = self.ws.close_code
+
+    async def _hand_on(self, message: Any) -> None:
+        if isinstance(message, dict) and "type" in message:
+            key = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+            if key in self.handed:
+                self.delivered_twice += 1
+                if len(self.twice_sample) < 5:
+                    self.twice_sample.append(message)
+            self.handed.add(key)
+        await self.inbox.put(message)
 
     async def _numbered(self, dseq: int, origin: str | None, oseq: int, message: Any) -> None:
         fresh = dseq > self.received
@@ -126,7 +155,7 @@ class PyRuntime:
             else:
                 self.origins[origin] = oseq
         if fresh:
-            await self.inbox.put(message)
+            await self._hand_on(message)
         else:
             self.duplicates += 1
         if not self.hold_acks and self.ws is not None and not self.ws.closed:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -572,11 +571,9 @@ async def test_slow_registry_times_out_with_504(
     domain: tuple[FakeDomainRegistry, str], session: aiohttp.ClientSession
 ) -> None:
     fake, url = domain
-    fake.delay = 5.0
+    fake.delay = 3600.0  # answers only when the test ends: the connector's own timeout must end it
     connector = DomainRegistryConnector(url, session, 0.2)
-    started = time.monotonic()
     reply = await connector.handle(message("read", {"resource": ALICE}), REQUESTER)
-    assert time.monotonic() - started < 2.0
     assert reply.code == 504
     assert reply.desc is not None and "no answer within 0.2 s" in reply.desc
     assert len(fake.seen) == 1
