@@ -28,6 +28,13 @@ do what"):
   subscribe to this domain's streams only.
 - **Register.** A runtime registers hyperties and data objects the node allocated to it, naming
   its own runtimeURL as their runtime.
+- **Claim.** reTHINK's runtimes (runtime-core since 2018) make their hyperty and object
+  addresses themselves, ``<scheme>://<this domain>/<random GUID>``, and never ask the node for
+  them. Such an address, held by nobody and never let go by a runtime it was allocated to
+  (released addresses are kept for as long as the registry may name them), is allocated to the
+  runtime that first speaks from it, subscribes to it or registers it: a random GUID is a name
+  nobody else can know before its maker uses it, so taking it up is allocation, not first use
+  of somebody's address. The allocation service does the taking (and its quota counts it).
 - **Answer.** A ``response`` goes back only from an address the request was sent to.
 """
 
@@ -46,6 +53,7 @@ from .addresses import (
     SUBSCRIPTION_SUFFIX,
     USER_SCHEME,
     domain_of,
+    is_self_made,
     is_stream_address,
     scheme_of,
 )
@@ -74,11 +82,19 @@ class Refusal:
     reason: str
 
 
-# What speaking from an address comes to: the principal holds it, or the node learns the route
-# (an address of an unknown domain, or the principal's own verified user URL).
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Allowed once the principal holds ``address``, a self-made address nobody holds: it is
+    allocated to it first (see "Claim" above)."""
+
+    address: str
+
+
+# What speaking from an address comes to: the principal holds it, the node learns the route (an
+# address of an unknown domain, or the principal's own verified user URL), or it claims it.
 OWN: Final = "own"
 LEARN: Final = "learn"
-SpeakFrom = Literal["own", "learn"] | Refusal
+SpeakFrom = Literal["own", "learn"] | Claim | Refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +160,8 @@ class AccessMonitor:
             if learned == who.session_id:
                 return OWN
             return Refusal(403, f"'{address}' is in use by another runtime")
+        if is_self_made(address, self._domain):
+            return Claim(address)
         refusal = self._unlearnable(who, address)
         return LEARN if refusal is None else refusal
 
@@ -243,14 +261,17 @@ class AccessMonitor:
 
     # -- subscribe to -------------------------------------------------------------------------
 
-    def subscribe_to(self, who: Principal, address: str) -> Refusal | None:
+    def subscribe_to(self, who: Principal, address: str) -> Refusal | Claim | None:
         """Whether ``who`` may subscribe to ``address``: receive what is sent there."""
         if is_stream_address(address):
             return None
         if address.endswith(SUBSCRIPTION_SUFFIX):
             parent = address[: -len(SUBSCRIPTION_SUFFIX)]
-            if self.holder(parent) == who.session_id:
+            holder = self.holder(parent)
+            if holder == who.session_id:
                 return None
+            if holder is None and is_self_made(parent, self._domain):
+                return Claim(parent)
             return Refusal(
                 403,
                 f"'{address}' is the request channel of {parent}: only its reporter receives "
@@ -261,6 +282,8 @@ class AccessMonitor:
             return None
         if holder is not None:
             return Refusal(403, _NOT_A_TARGET.format(address))
+        if is_self_made(address, self._domain):
+            return Claim(address)
         if scheme_of(address) == STUB_SCHEME:
             return None  # a stub's URL: nobody's to hold (runtimes subscribe their stubs')
         # Nobody holds it now, but it is somebody's to hold (a runtime, a user, an allocation of
@@ -285,17 +308,24 @@ class AccessMonitor:
             return Refusal(403, f"{address!r} is allocated to another runtime")
         return None
 
-    def register(self, who: Principal, url: str, runtime: str | None) -> Refusal | None:
+    def register(self, who: Principal, url: str, runtime: str | None) -> Refusal | Claim | None:
         """Whether ``who`` may register (or change the registration of) ``url`` naming
-        ``runtime`` as its runtime: the node allocated ``url`` to it, and ``runtime`` is its
-        own runtimeURL."""
-        if self._table.allocated_holder(url) != who.session_id or not self._in_this_domain(url):
-            return Refusal(
-                403, f"{url} was not allocated to this runtime: it registers only its own addresses"
-            )
+        ``runtime`` as its runtime: the node allocated ``url`` to it (or it claims it), and
+        ``runtime`` is its own runtimeURL."""
         if runtime is not None and runtime != who.runtime_url:
             return Refusal(403, f"a runtime registers under its own runtimeURL, not {runtime}")
-        return None
+        holder = self._table.allocated_holder(url)
+        if holder == who.session_id and self._in_this_domain(url):
+            return None
+        if (
+            holder is None
+            and self._table.learned_holder(url) is None
+            and is_self_made(url, self._domain)
+        ):
+            return Claim(url)
+        return Refusal(
+            403, f"{url} was not allocated to this runtime: it registers only its own addresses"
+        )
 
     # -- answer -------------------------------------------------------------------------------
 
@@ -330,3 +360,8 @@ def _verified_user_url(identity: Identity | None) -> str | None:
     if identity is None or not identity.authenticated:
         return None
     return identity.user_url
+
+
+async def no_claims(_who: Principal, address: str) -> Refusal | None:
+    """Where nothing may be claimed (a test's monitor without an allocation service)."""
+    return Refusal(403, f"'{address}' was not allocated to this runtime")

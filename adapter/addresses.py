@@ -31,6 +31,9 @@ _ASCII_INVISIBLE = re.compile(r"[\x00-\x20\x7f]")
 # (C0 and C1), format characters (zero-width spaces and joiners, bidirectional marks),
 # surrogates, private use, unassigned code points, and every kind of space or line separator.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
+# A name a runtime makes for itself: a random GUID (reTHINK runtime-core's generateGUID, and
+# what the node's own allocations look like).
+_GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # The opaque part of a runtimeURL: one path segment of URL-safe characters.
 _RUNTIME_ID = re.compile(r"[A-Za-z0-9._~%\-]{1,128}")
 
@@ -117,6 +120,16 @@ def runtime_url_problem(runtime_url: object, domain: str) -> str | None:
             "A-Z a-z 0-9 . _ ~ % -"
         )
     return None
+
+
+def is_self_made(address: str, domain: str) -> bool:
+    """Whether ``address`` is ``<scheme>://<domain>/<GUID>``, an address of ``domain`` in the
+    form a runtime makes for itself from a random GUID (any scheme but the reserved ones)."""
+    scheme, sep, rest = address.partition("://")
+    if not sep or scheme in RESERVED_SCHEMES:
+        return False
+    host, slash, name = rest.partition("/")
+    return host == domain and bool(slash) and _GUID.fullmatch(name) is not None
 
 
 # -- what an address is for ----------------------------------------------------------------------

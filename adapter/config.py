@@ -350,6 +350,12 @@ class BuiltinRegistryConfig(_Strict):
     # The registry's REST API on the appservice listener, under /registry/.
     rest_api: Literal["off", "read-only", "read-write"] = "read-only"
 
+    @property
+    def names_released_for_seconds(self) -> int:
+        """How long the registry may still name an address after its runtime let it go: its
+        longest lease, then the grace period of a disconnected entry."""
+        return self.max_lifetime_seconds + self.disconnected_grace_seconds
+
     @model_validator(mode="after")
     def _lifetime_within_max(self) -> BuiltinRegistryConfig:
         if self.lifetime_seconds > self.max_lifetime_seconds:

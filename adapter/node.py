@@ -88,6 +88,7 @@ from .sessions.session import AskedRequests, Session
 from .sessions.tokens import SessionTokens
 from .stalls import StallWatch
 from .storage.checkpoints import CheckpointStore
+from .storage.clock import utcnow
 from .storage.database import Database
 from .storage.pending import PendingStore
 from .storage.processes import ProcessStore
@@ -285,7 +286,11 @@ class Node:
         )
         # The domain registry, answered from the node's database unless one is configured.
         self.registry: BuiltinRegistry | None = build_builtin_registry(
-            cfg.registry, self.db, self.publisher.registration_status, monitor=self.monitor
+            cfg.registry,
+            self.db,
+            self.publisher.registration_status,
+            monitor=self.monitor,
+            claim=lambda who, address: self.allocation.claim(who, address),
         )
         if self.registry is not None:
             self._follow_presence(lifecycle, self.registry)
@@ -396,6 +401,7 @@ class Node:
             cfg.routing.backpressure_seconds,
             self._abroad,
             self._shared_routes.caught_up if self._shared_routes is not None else None,
+            claim=self.allocation.claim,
         )
         self.inbound = InboundEvents(self.metrics)
         if self.peer_feeds is not None:
@@ -499,6 +505,7 @@ class Node:
             cfg.routing.max_allocation_block,
             cfg.quotas.addresses,
             on_quota,
+            cfg.registry.builtin.names_released_for_seconds,
         )
         for endpoint in ENDPOINTS:
             services.add_endpoint(endpoint, allocation)
@@ -516,6 +523,7 @@ class Node:
                 lambda r, address: self.policy.check_subscription(
                     r.runtime_url, r.identity, address
                 ),
+                allocation.claim,
             ),
         )
         registry, global_registry, unknown = self._connectors
@@ -952,8 +960,15 @@ class Node:
             try:
                 pruned = await self._transactions.prune(TRANSACTION_RETENTION)
                 forgotten = await self._checkpoints.prune_marks(keep_marks)
-                if pruned or forgotten:
-                    log.info("pruned", transactions=pruned, sender_marks=forgotten)
+                named = timedelta(seconds=self.config.registry.builtin.names_released_for_seconds)
+                released = await self.routes.forget_released(utcnow() - named)
+                if pruned or forgotten or released:
+                    log.info(
+                        "pruned",
+                        transactions=pruned,
+                        sender_marks=forgotten,
+                        released_addresses=released,
+                    )
             except Exception:
                 log.exception("maintenance failed")
             await asyncio.sleep(MAINTENANCE_INTERVAL)

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from ..access import LEARN, AccessMonitor, Refusal
+from ..access import LEARN, AccessMonitor, Claim, Principal, Refusal, no_claims
 from ..carrier import Routed
 from ..config import QuotaConfig
 from ..envelope import (
@@ -128,9 +128,12 @@ class Ingress:
         backpressure_timeout: float = 10.0,
         abroad: Abroad | None = None,
         catch_up: Callable[[], Awaitable[None]] | None = None,
+        claim: Callable[[Principal, str], Awaitable[Refusal | None]] = no_claims,
     ) -> None:
         self._table = table
         self._monitor = monitor
+        # Allocates a self-made address a runtime speaks from (access.py, "Claim").
+        self._claim = claim
         # With several node processes: waits until what the others changed in the routing
         # state has reached the table (an address allocated there a moment ago).
         self._catch_up = catch_up
@@ -218,6 +221,10 @@ class Ingress:
             # the runtime presents a fresh credential ({cmd: 'auth'}).
             return await self._refuse(attachment, message, 401, CREDENTIAL_EXPIRED, pending)
         speaking = self._monitor.speak_from(session, message.from_)
+        if isinstance(speaking, Claim):
+            claimed = await self._claim(session, speaking.address)
+            if claimed is not None:
+                speaking = claimed
         if isinstance(speaking, Refusal):
             return await self._refuse(attachment, message, speaking.code, speaking.reason, pending)
         denial = self._policy.check(session.id, message, session.identity)

@@ -16,18 +16,22 @@ request names the same addresses, finds them already its session's, and gets the
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
 import secrets
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from ..access import AccessMonitor
-from ..addresses import RESERVED_SCHEMES
+from ..access import AccessMonitor, Principal, Refusal
+from ..addresses import RESERVED_SCHEMES, scheme_of
 from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
+from ..storage.clock import utcnow
+from ..storage.database import unavailable as database_unavailable
 from ..storage.routes import RouteStore
 from .base import Requester, ServiceReply
 
@@ -50,8 +54,15 @@ class AllocationService:
         max_block: int = 1000,
         quota: int = 100_000,
         on_quota: Callable[[str], None] = lambda _name: None,
+        released_kept_seconds: float = 25 * 3600,
     ) -> None:
         self._domain = domain
+        # How long an address its runtime let go stays out of reach (as long as the registry
+        # may still name it): nobody claims it in that time.
+        self._released_kept = timedelta(seconds=released_kept_seconds)
+        # Claims are rare (a runtime's first use of an address it made); one at a time keeps
+        # two of them from taking the same address between the checks and the write.
+        self._claiming = asyncio.Lock()
         self._table = table
         self._monitor = monitor
         self._store = store
@@ -69,6 +80,39 @@ class AllocationService:
         if message.type == "delete":
             return await self._delete(message.body, requester)
         return ServiceReply(405, desc=f"address allocation does not support '{message.type}'")
+
+    async def claim(self, who: Principal, address: str) -> Refusal | None:
+        """Allocate to ``who`` an address it made itself (access.py, "Claim"), unless it was
+        allocated before and let go within the time the registry may name it, or ``who`` holds
+        its quota of addresses already. None when it is ``who``'s now."""
+        async with self._claiming:
+            if self._table.allocated_to(who.session_id, address):
+                return None
+            if self._monitor.holder(address) is not None:
+                return Refusal(403, f"'{address}' is in use by another runtime")
+            held = self._table.holdings(who.session_id).addresses
+            if held + 1 > self._quota:
+                self._on_quota("addresses")
+                return Refusal(
+                    429, f"a runtime may hold at most {self._quota} addresses ({held} held)"
+                )
+            if await self._store.released(address, utcnow() - self._released_kept):
+                return Refusal(
+                    403,
+                    f"'{address}' was let go by the runtime it was allocated to: it is not "
+                    "taken up again while others may still know it",
+                )
+            try:
+                await self._store.add_allocations(
+                    who.session_id, [address], scheme_of(address), None
+                )
+            except Exception as exc:
+                if database_unavailable(exc):
+                    raise
+                # Another process of the domain took it a moment ago (the unique address).
+                return Refusal(403, f"'{address}' is in use by another runtime")
+            self._table.add_allocations(who.session_id, [address], None)
+            return None
 
     def _scheme(self, endpoint: str, body: dict[str, Any]) -> str | ServiceReply:
         if endpoint == HYPERTY_ENDPOINT:

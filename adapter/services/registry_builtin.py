@@ -10,7 +10,7 @@ from an external dev-registry-domain holding the same registrations.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import structlog
 
-from ..access import AccessMonitor, Refusal
+from ..access import AccessMonitor, Claim, Refusal, no_claims
 from ..config import DomainRegistryConfig
 from ..envelope import Message
 from ..storage.clock import utcnow
@@ -47,9 +47,16 @@ class BuiltinDomainRegistry:
     change what it registered); its verified identity is the user it registers hyperties
     under. What it may register at all, the reference monitor decides."""
 
-    def __init__(self, backend: RegistryBackend, monitor: AccessMonitor | None = None) -> None:
+    def __init__(
+        self,
+        backend: RegistryBackend,
+        monitor: AccessMonitor | None = None,
+        claim: Callable[[Requester, str], Awaitable[Refusal | None]] = no_claims,
+    ) -> None:
         self._backend = backend
         self._monitor = monitor
+        # Allocates a self-made address a runtime registers (access.py, "Claim").
+        self._claim = claim
 
     async def handle(self, message: Message, requester: Requester) -> ServiceReply:
         try:
@@ -59,7 +66,7 @@ class BuiltinDomainRegistry:
         except Exception:  # a mapping bug must cost one answer, not the session
             log.exception("builtin_registry_failed", id=message.id)
             return ServiceReply(500, desc="domain registry failed")
-        refused = self._refusal(call, requester)
+        refused = await self._refusal(call, requester)
         if refused is not None:
             return ServiceReply(refused.code, desc=refused.reason)
         changes: list[StatusChange] = []
@@ -74,11 +81,12 @@ class BuiltinDomainRegistry:
         backend = self._backend
         return dataclasses.replace(reply, then=lambda: backend.publish(changes))
 
-    def _refusal(self, call: RestCall, requester: Requester) -> Refusal | None:
+    async def _refusal(self, call: RestCall, requester: Requester) -> Refusal | None:
         """The monitor's word on what a write names: a registration (creation) of an address
-        the runtime was allocated, and, in a creation or an update, its own runtimeURL as the
-        entry's runtime and its own hyperty as an object's reporter."""
-        if self._monitor is None or call.method != "PUT":
+        the runtime was allocated (or claims), and, in a creation or an update, its own
+        runtimeURL as the entry's runtime and its own hyperty as an object's reporter."""
+        monitor = self._monitor
+        if monitor is None or call.method != "PUT":
             return None
         match call.segments:
             case ("hyperty", "user", _, url) | ("hyperty", "dataobject", url):
@@ -90,18 +98,21 @@ class BuiltinDomainRegistry:
         fields = _fields(call)
         runtime, reporter = fields.get("runtime"), fields.get("reporter")
         if creation:
-            refused = self._monitor.register(
+            verdict = monitor.register(
                 requester, url, runtime if isinstance(runtime, str) else None
             )
-            if refused is not None:
-                return refused
+            if isinstance(verdict, Claim):
+                verdict = await self._claim(requester, verdict.address)
+            if verdict is not None:
+                return verdict
         elif runtime is not None and runtime != requester.runtime_url:
             return Refusal(403, f"a runtime registers under its own runtimeURL, not {runtime}")
-        if reporter is not None and (
-            not isinstance(reporter, str) or self._monitor.holder(reporter) != requester.session_id
-        ):
-            return Refusal(403, f"{reporter!r} is not a hyperty of this runtime's")
-        return None
+        if reporter is None or monitor.holder(reporter) == requester.session_id:
+            return None
+        verdict = monitor.register(requester, reporter, None) if isinstance(reporter, str) else None
+        if isinstance(verdict, Claim):
+            return await self._claim(requester, verdict.address)
+        return Refusal(403, f"{reporter!r} is not a hyperty of this runtime's")
 
 
 def _fields(call: RestCall) -> dict[str, Any]:
@@ -138,6 +149,7 @@ def build_builtin_registry(
     on_status_change: StatusCallback | None,
     *,
     monitor: AccessMonitor | None = None,
+    claim: Callable[[Requester, str], Awaitable[Refusal | None]] = no_claims,
     clock: Callable[[], datetime] = utcnow,
     rest_prefix: str = REST_PREFIX,
 ) -> BuiltinRegistry | None:
@@ -156,7 +168,7 @@ def build_builtin_registry(
             backend, writable=settings.rest_api == "read-write", prefix=rest_prefix
         )
     return BuiltinRegistry(
-        service=BuiltinDomainRegistry(backend, monitor),
+        service=BuiltinDomainRegistry(backend, monitor, claim),
         backend=backend,
         presence=RegistryPresence(store, notifier, settings.presence_delay_seconds),
         expiry=RegistryExpiry(store, notifier, settings.sweep_interval_seconds),

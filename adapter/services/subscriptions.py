@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..access import AccessMonitor
+from ..access import AccessMonitor, Claim, Refusal, no_claims
 from ..addresses import spelling_problem
 from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
@@ -45,9 +45,12 @@ class SubscriptionService:
         on_quota: Callable[[str], None] = lambda _name: None,
         on_change: Callable[[str, list[str], str], Awaitable[str | None]] | None = None,
         policy: Callable[[Requester, str], str | None] | None = None,
+        claim: Callable[[Requester, str], Awaitable[Refusal | None]] = no_claims,
     ) -> None:
         self._table = table
         self._monitor = monitor
+        # Allocates a self-made address a runtime subscribes to (access.py, "Claim").
+        self._claim = claim
         self._store = store
         self._quota = quota
         self._on_quota = on_quota
@@ -67,7 +70,7 @@ class SubscriptionService:
         addresses = requested_resources(
             message.type,
             message.body,
-            lambda a: self._monitor.subscribe_to(requester, a) is None,
+            lambda a: not isinstance(self._monitor.subscribe_to(requester, a), Refusal),
         )
         if isinstance(addresses, ServiceReply):
             return addresses
@@ -77,7 +80,7 @@ class SubscriptionService:
             if holder is not None and holder != subscriber:
                 return ServiceReply(403, desc=f"source {source!r} belongs to another runtime")
         if message.type == "subscribe":
-            refusal = self._refusal(requester, addresses)
+            refusal = await self._refusal(requester, addresses)
             if refusal is not None:
                 return ServiceReply(403, desc=refusal)
             held = self._table.holdings(subscriber).subscriptions
@@ -100,11 +103,13 @@ class SubscriptionService:
                 return ServiceReply(403, desc=refusal)
         return ServiceReply(200, affected=len(addresses))
 
-    def _refusal(self, requester: Requester, addresses: list[str]) -> str | None:
+    async def _refusal(self, requester: Requester, addresses: list[str]) -> str | None:
         for address in addresses:
-            refused = self._monitor.subscribe_to(requester, address)
-            if refused is not None:
-                return refused.reason
+            verdict = self._monitor.subscribe_to(requester, address)
+            if isinstance(verdict, Claim):
+                verdict = await self._claim(requester, verdict.address)
+            if verdict is not None:
+                return verdict.reason
             if self._policy is not None:
                 denied = self._policy(requester, address)
                 if denied is not None:

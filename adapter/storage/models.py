@@ -121,6 +121,17 @@ class Allocation(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
+class ReleasedAddress(Base):
+    """An address the node allocated and its runtime let go (by ``delete`` or with its session).
+    Kept for as long as the registry may still name it, so that nobody else takes it up by
+    using it (access.py, "Claim"): what is sent to it is not sent to a stranger."""
+
+    __tablename__ = "released_addresses"
+
+    address: Mapped[str] = mapped_column(String(2048), primary_key=True)
+    released_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
 class Subscription(Base):
     """A runtime subscribed to an exact address (e.g. ``<obj>/changes``)."""
 

@@ -12,15 +12,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Connection, bindparam, delete, insert, inspect, select
+from sqlalchemy import (
+    Column,
+    Connection,
+    Select,
+    bindparam,
+    delete,
+    insert,
+    inspect,
+    literal,
+    select,
+)
 
 from .clock import utcnow
 from .database import Database, Prepared, upsert
-from .models import Allocation, LearnedRoute, Subscription
+from .models import Allocation, LearnedRoute, ReleasedAddress, Subscription
 
-_A, _Sub, _L = Allocation, Subscription, LearnedRoute
+_A, _Sub, _L, _R = Allocation, Subscription, LearnedRoute, ReleasedAddress
 
 _ADD_ALLOCATION = insert(_A)
 # By address alone: the routing table has already checked that they are the session's, and
@@ -76,13 +87,6 @@ class RouteStore:
             block=lambda n: insert(_A).values(_values(add, n)),
             groupable=True,
         )
-        self._remove = Prepared(
-            db,
-            delete(_A).where(_A.address == bindparam("address")),
-            _columns(_A, "address"),
-            block=lambda n: delete(_A).where(_A.address.in_(_addresses(n))),
-            groupable=True,
-        )
         sub = _columns(_Sub, "address", "session_id", "created_at")
         self._subscribe_many = upsert(d, _Sub, ["address", "session_id"])
         self._subscribe = Prepared(
@@ -134,16 +138,28 @@ class RouteStore:
             await self._db.run(lambda conn: conn.execute(_ADD_ALLOCATION, rows))
 
     async def remove_allocations(self, session_id: int, addresses: Iterable[str]) -> None:
-        """Remove addresses the routing table found allocated to ``session_id``."""
-        rows = [{"address": a} for a in addresses]
-        if not rows:
+        """Remove addresses the routing table found allocated to ``session_id``; they are kept
+        as released (``released``)."""
+        gone = list(addresses)
+        if not gone:
             return
-        if len(rows) <= SMALL:
-            # Once per delete request: the prepared fast path.
-            await self._db.execute_small(self._remove, _one_or_many(rows))
-        else:
-            params = {"addresses": [row["address"] for row in rows]}
-            await self._db.run(lambda conn: conn.execute(_REMOVE_ALLOCATIONS, params))
+        now = utcnow()
+
+        def op(conn: Connection) -> None:
+            keep_released(conn, select(_A.address, literal(now)).where(_A.address.in_(gone)))
+            conn.execute(_REMOVE_ALLOCATIONS, {"addresses": gone})
+
+        await self._db.run(op)
+
+    async def released(self, address: str, since: datetime) -> bool:
+        """Whether ``address`` was allocated here and let go after ``since``."""
+        query = select(_R.address).where(_R.address == address, _R.released_at > since)
+        return await self._db.run(lambda conn: conn.execute(query).first() is not None)
+
+    async def forget_released(self, before: datetime) -> int:
+        """Forget the addresses let go before ``before``: nothing may name them any more."""
+        statement = delete(_R).where(_R.released_at <= before)
+        return await self._db.run(lambda conn: conn.execute(statement).rowcount)
 
     async def allocations(self) -> list[AllocationRow]:
         def op(conn: Connection) -> list[AllocationRow]:
@@ -196,3 +212,10 @@ class RouteStore:
             return [(str(a), int(s)) for a, s in conn.execute(select(_L.address, _L.session_id))]
 
         return await self._db.run(op)
+
+
+def keep_released(conn: Connection, rows: Select[str, datetime]) -> None:
+    """Record the (address, released_at) ``rows`` select as released addresses (one released
+    earlier and taken up again once its time was over is released anew)."""
+    conn.execute(delete(_R).where(_R.address.in_(rows.with_only_columns(rows.selected_columns[0]))))
+    conn.execute(insert(_R).from_select(["address", "released_at"], rows))

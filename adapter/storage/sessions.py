@@ -17,6 +17,7 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
+    literal,
     select,
     true,
     update,
@@ -24,7 +25,8 @@ from sqlalchemy import (
 
 from .clock import utcnow
 from .database import Database, Prepared, upsert
-from .models import NodeProcess, RuntimeClaim, RuntimeSession, SessionState
+from .models import Allocation, NodeProcess, RuntimeClaim, RuntimeSession, SessionState
+from .routes import keep_released
 
 _S = RuntimeSession
 _C = RuntimeClaim
@@ -176,15 +178,21 @@ class SessionStore:
         return ClaimRow(str(url), str(claim), int(session_id), bool(protected), identity)
 
     async def release(self, session_id: int, kept: ClaimRow | None) -> None:
-        """Forget the session (and, by cascade, everything it owned); with ``kept``, its
-        runtimeURL stays the credential's, in the same transaction."""
-        if kept is None:
-            await self.delete(session_id)
-            return
+        """Forget the session and, by cascade, everything it owned; what it was allocated is
+        kept as released (routes.py ``released``). With ``kept``, its runtimeURL stays the
+        credential's, in the same transaction."""
         released_at = utcnow()
 
         def op(conn: Connection) -> None:
+            keep_released(
+                conn,
+                select(Allocation.address, literal(released_at)).where(
+                    Allocation.session_id == session_id
+                ),
+            )
             conn.execute(delete(_S).where(_S.id == session_id))
+            if kept is None:
+                return
             conn.execute(delete(_C).where(_C.runtime_url == kept.runtime_url))
             conn.execute(
                 insert(_C).values(

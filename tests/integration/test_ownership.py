@@ -254,3 +254,44 @@ async def test_an_answer_comes_only_from_where_its_request_went(
     finally:
         for runtime in (alice, bob, mallory):
             await runtime.close()
+
+
+async def test_a_runtime_that_names_its_own_addresses_claims_them_once(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """reTHINK's runtimes since 2018 make their hyperty and object addresses themselves (a random
+    GUID in this domain) and subscribe to them at /sm instead of asking the node: the first use
+    allocates such an address to its runtime, nobody else takes it, and once its runtime let it
+    go nobody takes it up again."""
+    node = await start_node(await databases.migrated_sqlite())
+    made = await _runtime(node, "claim-maker")
+    alice = await _runtime(node, "claim-alice")
+    mallory = await _runtime(node, "claim-mallory")
+    hyperty = f"hyperty://{D}/5d2f0c1e-7a4b-4c3d-8e9f-0a1b2c3d4e5f"
+    obj = f"comm://{D}/5d2f0c1e-7a4b-4c3d-8e9f-0a1b2c3d4e60"
+    try:
+        [a] = await alice.allocate(D)
+        # As runtime-core's AddressAllocation and ReporterObject do: subscribe, with a source.
+        reply = await made.request(
+            SM, "subscribe", {"resources": [hyperty], "source": f"{made.runtime_url}/registry"}
+        )
+        assert reply["body"]["code"] == 200, reply
+        reply = await made.request(SM, "subscribe", {"resources": [f"{obj}/subscription"]})
+        assert reply["body"]["code"] == 200, reply
+        await _ping(alice, made, a, hyperty, "to-the-maker")
+        await _ping(made, alice, obj, a, "from-its-object")
+        for taken in (hyperty, obj):
+            reply = await mallory.request(a, "ping", from_=taken)
+            assert reply["body"]["code"] == 403, reply
+            reply = await mallory.request(SM, "subscribe", {"resources": [taken]})
+            assert reply["body"]["code"] == 403, reply
+        await made.disconnect()
+        # Let go: not taken up again by anyone while the registry may still name it.
+        reply = await mallory.request(a, "ping", from_=hyperty)
+        assert reply["body"]["code"] == 403 and "let go" in reply["body"]["desc"], reply
+        reply = await mallory.request(SM, "subscribe", {"resources": [obj]})
+        assert reply["body"]["code"] == 403, reply
+        assert await alice.nothing_within(0.5)
+    finally:
+        for runtime in (made, alice, mallory):
+            await runtime.close()

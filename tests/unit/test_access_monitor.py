@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from adapter.access import LEARN, OWN, AccessMonitor, Refusal
+from adapter.access import LEARN, OWN, AccessMonitor, Claim, Refusal
 from adapter.addresses import runtime_url_problem, spelling_problem
 from adapter.identity.model import Identity
 from adapter.routing_table import RoutingTable
@@ -295,3 +295,43 @@ def test_what_a_runtime_asked_is_remembered_within_a_bound_of_addresses() -> Non
     assert asked.went_to(63) == wide
     held = sum(len(asked.went_to(n)) for n in range(64)) + 1
     assert held <= ASKED_ADDRESSES
+
+
+# -- claim ---------------------------------------------------------------------------------------
+
+SELF_MADE = "hyperty://d/0f3c2a9e-1b7d-4c55-9e1a-2b3c4d5e6f70"
+SELF_MADE_OBJECT = "comm://d/0f3c2a9e-1b7d-4c55-9e1a-2b3c4d5e6f71"
+
+
+def test_a_self_made_address_nobody_holds_is_claimed_by_its_first_use() -> None:
+    """reTHINK's runtimes name their hyperties and objects with a random GUID themselves: the
+    first to use such a name claims it (it is allocated to it then), on every path."""
+    monitor, table, _ = _monitor()
+    assert monitor.speak_from(ALICE, SELF_MADE) == Claim(SELF_MADE)
+    assert monitor.subscribe_to(ALICE, SELF_MADE) == Claim(SELF_MADE)
+    assert monitor.subscribe_to(ALICE, f"{SELF_MADE_OBJECT}/subscription") == Claim(
+        SELF_MADE_OBJECT
+    )
+    assert monitor.register(ALICE, SELF_MADE, ALICE.runtime_url) == Claim(SELF_MADE)
+    # Once it is somebody's, it is theirs alone.
+    table.add_allocations(ALICE_ID, [SELF_MADE], None)
+    assert monitor.speak_from(ALICE, SELF_MADE) == OWN
+    assert isinstance(monitor.speak_from(BOB, SELF_MADE), Refusal)
+    assert isinstance(monitor.subscribe_to(BOB, SELF_MADE), Refusal)
+    assert isinstance(monitor.register(BOB, SELF_MADE, BOB.runtime_url), Refusal)
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "hyperty://d/not-a-guid",
+        "hyperty://elsewhere.example/0f3c2a9e-1b7d-4c55-9e1a-2b3c4d5e6f70",  # another domain
+        "runtime://d/0f3c2a9e-1b7d-4c55-9e1a-2b3c4d5e6f70",  # reserved schemes
+        "user://d/0f3c2a9e-1b7d-4c55-9e1a-2b3c4d5e6f70",
+        "hyperty://d/0F3C2A9E-1B7D-4C55-9E1A-2B3C4D5E6F70",  # not the form runtimes make
+        "hyperty://d/0f3c2a9e-1b7d-4c55-9e1a-2b3c4d5e6f70/below",
+    ],
+)
+def test_only_a_guid_of_this_domain_is_self_made(address: str) -> None:
+    monitor, _, _ = _monitor()
+    assert not isinstance(monitor.speak_from(ALICE, address), Claim), address
