@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -125,10 +126,39 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports this process already handed out, so two listeners planned together never share one.
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port to listen on that stays ours across restarts of its listener.
+
+    A port the kernel picks (bind to 0) comes from the ephemeral range, which every outgoing
+    connection on the machine also draws from: once a killed node's listener lets it go, a client
+    socket of anything else may take it, and the restarted node (whose address Synapse knows) can
+    no longer bind it. Ports below that range are never given to outgoing connections."""
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12000)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, floor)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port on {host} between {low} and {floor}")
 
 
 @dataclass(frozen=True)

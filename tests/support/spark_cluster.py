@@ -16,13 +16,9 @@ from pathlib import Path
 
 import pyspark
 
+from adapter.localstack.synapse import free_port
+
 SPARK_HOME = Path(pyspark.__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spark_env(work: Path) -> dict[str, str]:
