@@ -404,7 +404,8 @@ async def exchange(alice: Runtime, bob: Runtime, site: Site, args: argparse.Name
         print(err)
     second_life = await bob.page.evaluate("pinger.received")
     second_handed = await bob.handed_on()
-    print(f"Bob's stub after the reload: {await bob.stub_stats()}")
+    after = await bob.stub_stats()
+    print(f"Bob's stub after the reload: {after}")
 
     sent = set(range(1, last + 1))
     ok = True
@@ -415,9 +416,19 @@ async def exchange(alice: Runtime, bob: Runtime, site: Site, args: argparse.Name
         got = got_before + got_after
         lost = sorted(sent - set(got))
         duplicated = len(got) - len(set(got))
-        ok = ok and not lost and duplicated == 0
         print(f"{level}: before the reload {got_before}, after it {got_after}")
-        print(f"  sent {last}, lost {len(lost)} {lost}, duplicated {duplicated}")
+        if level.startswith("handed"):
+            # The stub hands a message again when the runtime handed it back (no listener for
+            # its hyperty yet): counted by the stub as `returned`; only more would be duplicates.
+            again = min(duplicated, int(after.get("returned", 0)))
+            duplicated -= again
+            print(
+                f"  sent {last}, lost {len(lost)} {lost}, duplicated {duplicated}, "
+                f"handed again after the runtime handed them back {again}"
+            )
+        else:
+            print(f"  sent {last}, lost {len(lost)} {lost}, duplicated {duplicated}")
+        ok = ok and not lost and duplicated == 0
     return ok
 
 
