@@ -351,7 +351,8 @@ class MatrixProtoStub {
     const addresses = [...this._known];
     if (!this._holdOptions || !addresses.length) return;
     this._hold = new Redeploys(addresses, this._back, this._holdOptions, {
-      hand: (msg) => this._handOn(msg),
+      // Handed on again after the runtime handed it back: counted once in `delivered`.
+      hand: (msg, again) => (again ? this._deliver(msg) : this._handOn(msg)),
       released: () => {
         if (this._conn?.live && this._conn.acks) this._ackLater(this._conn);
       },
@@ -912,6 +913,7 @@ class Redeploys {
     this._handed.delete(key);
     const { entry } = item;
     item.msg = msg;
+    item.again = true;
     this._enqueue(item);
     if (!entry.waiting && !entry.timer && entry.queue.length) {
       entry.timer = setTimeout(() => {
@@ -935,7 +937,7 @@ class Redeploys {
     }
     this._handed.clear();
     this._bytes = this._count = 0;
-    if (deliver) for (const item of items.sort((a, b) => a.order - b.order)) this._hand(item.msg);
+    if (deliver) for (const item of items.sort((a, b) => a.order - b.order)) this._hand(item.msg, item.again);
   }
 
   _entryFor(to) {
@@ -969,7 +971,7 @@ class Redeploys {
     }
     for (const item of queue) {
       this._remember(item);
-      this._hand(item.msg);
+      this._hand(item.msg, item.again);
     }
     if (queue.length) this._released();
   }

@@ -137,6 +137,7 @@ test('a message the runtime hands back for want of a listener is offered again, 
   await until(() => bus.got.get(HYPERTY)?.length === 6, 'all of them at the listener');
   assert.deepEqual(bus.got.get(HYPERTY), [2, 3, 4, 5, 6, 7]);
   assert.equal(stub.stats.returned, bus.returned);
+  assert.equal(stub.stats.delivered, 7, 'a message handed on again counts once');
   await until(() => acksOn(conn).at(-1) === 9, 'acknowledged');
 });
 
