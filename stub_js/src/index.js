@@ -340,10 +340,10 @@ class MatrixProtoStub {
     return fresh;
   }
 
-  /** The highest delivery number below everything held: what may be acknowledged. */
+  /** The highest delivery number below everything held: what may be acknowledged (never less than before). */
   _ackable() {
     const held = this._hold?.lowest();
-    return held == null ? this._received : Math.min(this._received, held - 1);
+    return held == null ? this._received : Math.max(this._acked, Math.min(this._received, held - 1));
   }
 
   _startHold() {
@@ -877,11 +877,13 @@ class Redeploys {
     return this._count;
   }
 
-  /** The lowest delivery number held, or undefined. */
+  /** The lowest delivery number held that was never handed on (so never acknowledged), or undefined. */
   lowest() {
     let lowest;
     for (const entry of this._entries.values()) {
-      for (const item of entry.queue) if (item.dseq != null && !(item.dseq >= lowest)) lowest = item.dseq;
+      for (const item of entry.queue) {
+        if (item.dseq != null && !item.again && !(item.dseq >= lowest)) lowest = item.dseq;
+      }
     }
     return lowest;
   }
