@@ -30,8 +30,9 @@ SystemJS), and the objects in ``scripts/rethink_runtime_check/``: a stand-in ide
     .venv/bin/python scripts/rethink_runtime_check.py \\
         --runtime-browser <dev-runtime-browser snapshot> --runtime-core <dev-runtime-core snapshot>
 
-Exit status 0 when, in every runtime, Bob's stub handed his runtime every message exactly once
-and every message reached his hyperty; 1 otherwise (the report says at which level).
+Exit status 0 when, in every runtime, Bob's stub handed his runtime every message (a second time
+only when the runtime had handed it back for want of a listener: the stub's ``returned``) and
+every message reached his hyperty exactly once; 1 otherwise (the report says at which level).
 """
 
 from __future__ import annotations
