@@ -222,8 +222,10 @@ async def test_an_https_page_deploys_the_stub_and_two_runtimes_talk_over_wss(
                 assert descriptor["configuration"]["messagingnode"] == (
                     f"wss://{DOMAIN}/stub/connect"
                 )
-                alice_hyperty = await alice.evaluate("rt.allocate()")
-                bob_hyperty = await bob.evaluate("rt.allocate()")
+                # Each stub's first answer comes through its socket: no socket, no answer.
+                async with asyncio.timeout(30):
+                    alice_hyperty = await alice.evaluate("rt.allocate()")
+                    bob_hyperty = await bob.evaluate("rt.allocate()")
                 await alice.evaluate("([to, n]) => rt.ping(to, 1, n)", [bob_hyperty, MESSAGES])
                 await bob.evaluate("([to]) => rt.ping(to, 1000, 1)", [alice_hyperty])
                 await _until(bob, f"rt.received.length === {MESSAGES}", "Alice's messages")
