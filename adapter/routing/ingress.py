@@ -46,7 +46,7 @@ from ..services.registry import (
     is_service_address,
 )
 from ..sessions.link import Link
-from ..sessions.mailbox import Parcel
+from ..sessions.mailbox import Parcel, waiting_refusal
 from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
 from ..sessions.upstream import Pending, Settles
 from ..storage.database import unavailable as database_unavailable
@@ -124,7 +124,8 @@ class Ingress:
         routed_through: Callable[[str], int],
         metrics: NodeMetrics,
         quotas: QuotaConfig,
-        waiting_bytes: Callable[[int], int],
+        # Bytes waiting for a session: all of them, and those from a sender (its key).
+        waiting_bytes: Callable[[int, str], tuple[int, int]],
         backpressure_timeout: float = 10.0,
         abroad: Abroad | None = None,
         catch_up: Callable[[], Awaitable[None]] | None = None,
@@ -300,15 +301,17 @@ class Ingress:
             outboxes.insert(0, self._outboxes.for_session(session))
 
         for owner in destinations.owners:
-            if self._waiting_bytes(owner) + len(raw) > self._quotas.waiting_bytes:
+            waiting, from_sender = self._waiting_bytes(owner, session.key)
+            problem = waiting_refusal(
+                waiting,
+                from_sender,
+                len(raw),
+                self._quotas.waiting_bytes,
+                self._quotas.sender_share,
+            )
+            if problem is not None:
                 self._metrics.quota_refusals.labels("waiting_bytes").inc()
-                return await self._refuse(
-                    attachment,
-                    message,
-                    413,
-                    "too much is waiting for the destination runtime",
-                    pending,
-                )
+                return await self._refuse(attachment, message, 413, problem, pending)
 
         for outbox in outboxes:
             if not outbox.has_room_for(len(raw)) and not await self._wait_for_room(

@@ -70,6 +70,27 @@ class Parcel:
         return b"[%d%s%s]" % (dseq, self._frame_head, self.payload())
 
 
+def waiting_refusal(
+    waiting: int, from_sender: int, size: int, quota: int, per_sender: int
+) -> str | None:
+    """Why ``size`` more bytes from a sender may not wait for a runtime that has ``waiting``
+    bytes waiting, ``from_sender`` of them that sender's; None when they may. A sender's share
+    keeps one sender from filling the quota for all the others."""
+    if from_sender + size > per_sender:
+        return (
+            f"too much from this sender is waiting for the destination runtime "
+            f"({from_sender} of its share of {per_sender} bytes)"
+        )
+    if waiting + size > quota:
+        return "too much is waiting for the destination runtime"
+    return None
+
+
+def sender_of(origin: str | None) -> str:
+    """The sender of a parcel numbered in ``origin`` (``<session key>.<numbering>``)."""
+    return origin.split(".", 1)[0] if origin else ""
+
+
 class Entry:
     __slots__ = ("dseq", "parcel", "since", "ticket")
 
@@ -155,7 +176,10 @@ class Mailbox:
         self.delete_through = 0
         # Bytes of what waits for the runtime (kept, in flight, stored): what its quota limits.
         # Rows stored by an earlier run count as one lump until a delete passes their end.
-        self._stored_sizes: deque[tuple[int, int]] = deque()
+        self._stored_sizes: deque[tuple[int, int, str]] = deque()
+        # The same bytes by sender (the session key its origins start with; "" for the
+        # node's own): what each sender's share of the quota limits (routing/ingress.py).
+        self._by_sender: dict[str, int] = {}
         self._stored_bytes = 0
         self._earlier_bytes = stored_bytes
         self._earlier_through = stored_through
@@ -182,19 +206,39 @@ class Mailbox:
     def waiting_bytes(self) -> int:
         return self._memory_bytes + self._stored_bytes + self._earlier_bytes
 
+    def waiting_from(self, sender: str) -> int:
+        """Bytes waiting for the runtime that ``sender`` (a session key) sent."""
+        return self._by_sender.get(sender, 0)
+
+    def _count_sender(self, parcel: Parcel, size: int) -> None:
+        sender = sender_of(parcel.origin)
+        left = self._by_sender.get(sender, 0) + size
+        if left > 0:
+            self._by_sender[sender] = left
+        else:
+            self._by_sender.pop(sender, None)
+
     def _new_entry(self, dseq: int, parcel: Parcel, ticket: Ticket | None) -> Entry:
         self._memory_bytes += len(parcel.text)
+        self._count_sender(parcel, len(parcel.text))
         return Entry(dseq, parcel, ticket)
 
     def _done_with(self, entry: Entry) -> None:
         """``entry`` leaves memory without being stored: the runtime has it."""
         self._memory_bytes -= len(entry.parcel.text)
+        self._count_sender(entry.parcel, -len(entry.parcel.text))
         entry.settle()
 
     def _forget_stored(self, through: int) -> None:
         sizes = self._stored_sizes
         while sizes and sizes[0][0] <= through:
-            self._stored_bytes -= sizes.popleft()[1]
+            _dseq, size, sender = sizes.popleft()
+            self._stored_bytes -= size
+            left = self._by_sender.get(sender, 0) - size
+            if left > 0:
+                self._by_sender[sender] = left
+            else:
+                self._by_sender.pop(sender, None)
         if through >= self._earlier_through:
             self._earlier_bytes = 0
 
@@ -337,7 +381,7 @@ class Mailbox:
             size = len(entry.parcel.text)
             self._memory_bytes -= size
             self._stored_bytes += size
-            self._stored_sizes.append((entry.dseq, size))
+            self._stored_sizes.append((entry.dseq, size, sender_of(entry.parcel.origin)))
         if entries:
             self._stored_through = max(self._stored_through, entries[-1].dseq)
             if self._acked >= entries[0].dseq:
@@ -452,4 +496,5 @@ class Mailbox:
         self._link = None
         self._memory_bytes = self._stored_bytes = self._earlier_bytes = 0
         self._stored_sizes.clear()
+        self._by_sender.clear()
         return unreceived

@@ -351,7 +351,7 @@ def ingress_for(
         lambda origin: marks.get(origin, 0),
         metrics(),
         quotas or QuotaConfig(),
-        lambda session_id: (waiting or {}).get(session_id, 0),
+        lambda session_id, _sender: ((waiting or {}).get(session_id, 0), 0),
         backpressure_timeout=0.01,
     )
 
