@@ -146,9 +146,9 @@ class StubConfig(_Strict):
     # Beyond the total, a session that proved an identity displaces the newest detached one
     # that never resumed; an anonymous one is refused (503). docs/stub-protocol.md "Bounds".
     max_sessions: int = Field(default=100_000, ge=1)
-    max_sessions_per_client: int = Field(default=1_000, ge=1)
+    max_sessions_per_client: int = Field(default=2_000, ge=1)
     # Open stub sockets one client may hold (max_connections is the node's total).
-    max_connections_per_client: int = Field(default=1_000, ge=1)
+    max_connections_per_client: int = Field(default=2_000, ge=1)
     # A socket that has not completed its handshake (the v1 `{cmd:'connect'}`) this long after
     # it opened is closed (counted in rethink_mn_stub_handshake_timeouts_total).
     handshake_seconds: float = Field(default=10.0, gt=0, le=300)
