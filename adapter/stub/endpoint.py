@@ -259,7 +259,8 @@ class StubEndpoint:
                     if wait > 0:
                         self._metrics.paced_seconds.inc(wait)
                         await asyncio.sleep(wait)
-                    await self._journal.room()
+                    while not await self._journal.room(1.0) and not self.closing:
+                        pass
                     if attachment is not None:
                         attachment.session.used = True
                     self._deciding += 1
