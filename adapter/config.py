@@ -291,6 +291,9 @@ class QuotaConfig(_Strict):
     # Of that, what one sender may fill: one sender flooding an away runtime leaves room for
     # everyone else's messages to it. Unset: a quarter of waiting_bytes.
     waiting_bytes_per_sender: int | None = Field(default=None, ge=16 * 1024)
+    # Bytes waiting for all the runtimes of one client (clients.py), and for all runtimes.
+    waiting_bytes_per_client: int = Field(default=2 * 1024**3, ge=64 * 1024)
+    waiting_bytes_total: int = Field(default=8 * 1024**3, ge=64 * 1024)
     # Addresses one client holds at most (over all its sessions), and the node in total.
     addresses_per_client: int = Field(default=100_000, ge=1)
     addresses_total: int = Field(default=1_000_000, ge=1)
@@ -300,6 +303,8 @@ class QuotaConfig(_Strict):
         share = self.waiting_bytes_per_sender
         if share is not None and share > self.waiting_bytes:
             raise ValueError("waiting_bytes_per_sender must not exceed waiting_bytes")
+        if self.waiting_bytes_per_client > self.waiting_bytes_total:
+            raise ValueError("waiting_bytes_per_client must not exceed waiting_bytes_total")
         if self.addresses_per_client > self.addresses_total:
             raise ValueError("addresses_per_client must not exceed addresses_total")
         return self

@@ -84,6 +84,7 @@ from .services.idm import IdmService
 from .services.registry import domain_registry_address
 from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from .services.subscriptions import SubscriptionService
+from .sessions.mailbox import Waiting
 from .sessions.registry import Lifecycle, SessionRegistry
 from .sessions.session import AskedRequests, Session
 from .sessions.tokens import SessionTokens
@@ -571,11 +572,17 @@ class Node:
         session = self.sessions.get(session_id)
         return session.client if session is not None else ""
 
-    def _waiting_bytes(self, session_id: int, sender: str) -> tuple[int, int]:
+    def _waiting_bytes(self, session_id: int, sender: str) -> Waiting:
         session = self.sessions.get(session_id)
         if session is None:
-            return 0, 0
-        return session.mailbox.waiting_bytes, session.mailbox.waiting_from(sender)
+            return Waiting(0, 0)
+        mailbox, tally = session.mailbox, self.sessions.tally
+        return Waiting(
+            mailbox.waiting_bytes,
+            mailbox.waiting_from(sender),
+            tally.of(session.client),
+            tally.total,
+        )
 
     async def _policy_changed(self, action: str, rule_id: str | None, rule: Any) -> None:
         self.journal.policy(action, rule_id, rule)

@@ -27,7 +27,7 @@ from ..storage.models import SessionState
 from ..storage.sessions import ClaimRow, HeldElsewhere
 from .eviction import EvictionOrder
 from .link import CLOSE_REPLACED, Link
-from .mailbox import DeliveryStore, Mailbox, Parcel, Ticket
+from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket
 from .serial import Serial
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
@@ -153,8 +153,11 @@ class SessionRegistry:
         take_over: TakeOver | None = None,
         claim_in_use: Callable[[str], Coroutine[Any, Any, bool]] | None = None,
         bound: Bound | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self._rows = rows
+        # Bytes waiting for this process's runtimes, node-wide and by client.
+        self.tally = tally if tally is not None else Tally()
         # Sessions per client and in total (attached and detached alike).
         self._bound = bound if bound is not None else Bound("sessions", 1 << 62, 1 << 62)
         # Whether anything is still registered under a claim (the built-in registry): while
@@ -317,6 +320,7 @@ class SessionRegistry:
             self._placeless.discard(session.id)
             snapshot = at_removal()
             await session.mailbox.store_all(self._deliveries)
+            session.mailbox.leave()
             # What still reaches it here (an event being delivered right now) is not kept: the
             # new holder reads that event again.
             session.mailbox.discarded = True
@@ -351,6 +355,7 @@ class SessionRegistry:
     ) -> Session:
         start = self._epoch if epoch is None else epoch
         mailbox = Mailbox(session_id, start, self._on_mailbox_dirty, stored_through, stored_bytes)
+        mailbox.join(self.tally, "")
         session = Session(session_id, key, runtime_url, user_id, mailbox, start)
         session.claim = claim or key
         return session
@@ -464,6 +469,7 @@ class SessionRegistry:
                     raise
                 session = self._new_session(session_id, key, runtime_url, user_id, claim=claim)
                 session.client = client
+                session.mailbox.join(self.tally, client)
                 session.identity = identity
                 session.protected = protect
                 self._add(session)

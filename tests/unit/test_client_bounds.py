@@ -19,7 +19,14 @@ from adapter.observability import NodeMetrics
 from adapter.routing.journal import Journal
 from adapter.routing.stream import BatchStream, StreamLimits
 from adapter.sessions.eviction import EvictionOrder
-from adapter.sessions.mailbox import Mailbox, Parcel, waiting_refusal
+from adapter.sessions.mailbox import (
+    Mailbox,
+    Parcel,
+    Tally,
+    Waiting,
+    WaitingBounds,
+    waiting_refusal,
+)
 from adapter.sessions.registry import SessionsFull
 from adapter.stub.pacing import Pace, TokenBucket
 
@@ -162,20 +169,27 @@ async def test_sessions_are_bounded_per_client_and_anonymous_ones_displace_none(
 
 
 def test_a_sender_is_held_to_its_share_and_everyone_to_the_quota() -> None:
-    assert waiting_refusal(0, 0, 10, 100, 25) is None
-    share = waiting_refusal(20, 20, 10, 100, 25)
-    assert share is not None and "sender" in share
-    assert waiting_refusal(80, 0, 10, 100, 25) is None
-    full = waiting_refusal(95, 0, 10, 100, 25)
-    assert full is not None and "sender" not in full
+    bounds = WaitingBounds(per_runtime=100, per_sender=25, per_client=150, total=200)
+    assert waiting_refusal(Waiting(0, 0), 10, bounds) is None
+    share = waiting_refusal(Waiting(20, 20), 10, bounds)
+    assert share is not None and share[0] == 413 and "sender" in share[1]
+    assert waiting_refusal(Waiting(80, 0, 80, 80), 10, bounds) is None
+    full = waiting_refusal(Waiting(95, 0, 95, 95), 10, bounds)
+    assert full is not None and full[0] == 413 and "sender" not in full[1]
+    client = waiting_refusal(Waiting(0, 0, 145, 145), 10, bounds)
+    assert client is not None and client[0] == 413 and "client" in client[1]
+    node = waiting_refusal(Waiting(0, 0, 0, 195), 10, bounds)
+    assert node is not None and node[0] == 503
 
 
 def test_a_mailbox_counts_what_waits_by_sender() -> None:
     mailbox = Mailbox(1, 0, lambda _m: None)
-    mailbox.give_back([])
+    tally = Tally()
+    mailbox.join(tally, "ip:a")
     for origin, text in (("aaa.s1", "x" * 10), ("aaa.s2", "y" * 5), ("bbb.s1", "z" * 7)):
         mailbox._kept.append(mailbox._new_entry(0, Parcel(text, origin, 1), None))
     assert (mailbox.waiting_from("aaa"), mailbox.waiting_from("bbb")) == (15, 7)
+    assert (tally.of("ip:a"), tally.total) == (22, 22)
     entries = mailbox.take_unstored(None)
     mailbox.stored(entries)
     assert mailbox.waiting_from("aaa") == 15  # stored still waits
@@ -185,6 +199,7 @@ def test_a_mailbox_counts_what_waits_by_sender() -> None:
         0,
         0,
     )
+    assert (tally.of("ip:a"), tally.total) == (0, 0)
 
 
 # -- pacing ---------------------------------------------------------------------------------------
