@@ -194,10 +194,14 @@ async def test_anonymous_sessions_displace_none_when_the_node_is_full(
 ) -> None:
     node = await start_node(
         await databases.migrated_sqlite(),
-        **{"stub.max_sessions": 3, "stub.max_sessions_per_client": 3},
+        **{
+            "stub.trusted_proxies": ["127.0.0.1"],
+            "stub.max_sessions": 3,
+            "stub.max_sessions_per_client": 3,
+        },
     )
     honest = _runtime(node, "away")
-    flood = [_runtime(node, f"anon-{i}") for i in range(3)]
+    flood = [_runtime(node, f"anon-{i}", ELSEWHERE) for i in range(3)]
     try:
         await honest.connect()
         await honest.drop()
