@@ -59,21 +59,37 @@ class ClientKeys:
     def _is_proxy(self, address: IPAddress) -> bool:
         return any(address in network for network in self._trusted)
 
-    def host(self, remote: str | None, headers: Mapping[str, str]) -> str:
-        """The client key of a connection from ``remote`` carrying ``headers``."""
+    def address(self, remote: str | None, headers: Mapping[str, str]) -> IPAddress | None:
+        """The address of the client of a connection from ``remote`` carrying ``headers``: the
+        connection's own, or the one a trusted proxy names; None when it is not known."""
         peer = _address(remote) if remote else None
-        if peer is None:
-            return UNKNOWN_HOST
-        if not self._trusted or not self._is_proxy(peer):
-            return host_key(peer)
+        if peer is None or not self._trusted or not self._is_proxy(peer):
+            return peer
         for hop in reversed(_forwarded_hops(headers)):
             address = _address(hop)
             if address is None:
                 # What the proxy passed on is not an address: the proxy is the client we know.
-                return host_key(peer)
+                return peer
             if not self._is_proxy(address):
-                return host_key(address)
-        return host_key(peer)
+                return address
+        return peer
+
+    def host(self, remote: str | None, headers: Mapping[str, str]) -> str:
+        """The client key of a connection from ``remote`` carrying ``headers``."""
+        address = self.address(remote, headers)
+        return UNKNOWN_HOST if address is None else host_key(address)
+
+    def on_loopback(self, remote: str | None, headers: Mapping[str, str]) -> bool:
+        """Whether the client itself is on this machine: a request a trusted proxy on loopback
+        passes on is its client's, never the proxy's loopback."""
+        address = self.address(remote, headers)
+        if address is None:
+            return False  # a Unix socket or something unknown: not trusted
+        if address.is_loopback:
+            # The proxy itself, naming nobody: the proxy stands for clients from anywhere.
+            return not (self._trusted and self._is_proxy(address))
+        mapped = getattr(address, "ipv4_mapped", None)
+        return mapped is not None and mapped.is_loopback
 
     @staticmethod
     def of(host: str, identity_key: tuple[str, ...] | None) -> str:

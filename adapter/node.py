@@ -35,6 +35,7 @@ from . import carrier
 from .access import AccessMonitor, Refusal
 from .bounds import Bound
 from .carrier import Sender
+from .clients import ClientKeys
 from .cluster.membership import Membership
 from .cluster.shared_routes import SharedRoutes, application_name
 from .cluster.sibling_lanes import SiblingLanes
@@ -441,7 +442,11 @@ class Node:
         if cfg.dashboard.enabled:
             layout = DashboardLayout(Path(cfg.dashboard.state_dir))
             self.dashboard = LiveDashboard(
-                cfg.dashboard, cfg.domain, layout, lambda: self.stub_endpoint.open_connections
+                cfg.dashboard,
+                cfg.domain,
+                layout,
+                lambda: self.stub_endpoint.open_connections,
+                ClientKeys(cfg.stub.trusted_proxies),
             )
             if cfg.dashboard.worker:
                 self._dashboard_worker = DashboardWorker(cfg, layout)

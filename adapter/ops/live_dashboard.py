@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from aiohttp import web
 
 from ..analytics.dashboard import SCRIPT, live_page, plotly_js_path
 from ..analytics.panels import dashboard_data, runtimes_panel
+from ..clients import ClientKeys
 from ..config import DashboardConfig
 from .layout import DashboardLayout
 
@@ -35,15 +35,18 @@ ASSET_HEADERS: Final = {"Cache-Control": "public, max-age=3600"}
 
 
 class DashboardAccess:
-    """Loopback, or the operator token."""
+    """Loopback, or the operator token. Behind a reverse proxy on loopback the client is the one
+    the proxy names (``clients``: the operator's trusted proxies), so a request through the
+    proxy needs the token like any other remote one."""
 
-    def __init__(self, settings: DashboardConfig) -> None:
+    def __init__(self, settings: DashboardConfig, clients: ClientKeys) -> None:
         self._token = settings.token.encode() if settings.token else None
         self._trust_loopback = settings.trust_loopback
+        self._clients = clients
 
     def check(self, request: web.Request) -> None:
         """Raise 401/403 unless the request may see the dashboard's figures."""
-        if self._trust_loopback and _is_loopback(request.remote):
+        if self._trust_loopback and self._clients.on_loopback(request.remote, request.headers):
             return
         if self._token is None:
             raise web.HTTPForbidden(
@@ -55,15 +58,6 @@ class DashboardAccess:
                 text="an operator token is needed (Authorization: Bearer <dashboard.token>)",
                 headers={"WWW-Authenticate": 'Bearer realm="rethink-mn dashboard"'},
             )
-
-
-def _is_loopback(remote: str | None) -> bool:
-    if not remote:
-        return False
-    try:
-        return ipaddress.ip_address(remote).is_loopback
-    except ValueError:
-        return False  # a Unix socket or something unknown: not trusted
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -79,11 +73,12 @@ class LiveDashboard:
         domain: str,
         layout: DashboardLayout,
         connected_runtimes: Callable[[], int],
+        clients: ClientKeys,
     ) -> None:
         self._settings = settings
         self._domain = domain
         self._layout = layout
-        self._access = DashboardAccess(settings)
+        self._access = DashboardAccess(settings, clients)
         self._connected = connected_runtimes
         self._samples: deque[tuple[int, int]] = deque(
             maxlen=int(settings.window_minutes * 60 / SAMPLE_SECONDS)

@@ -176,7 +176,7 @@ async def test_an_https_page_deploys_the_stub_and_two_runtimes_talk_over_wss(
             "stub.allowed_origins": [f"https://{DOMAIN}"],
             "stub.tokenless_sessions": "refuse",
             "appservice.public_hosts": [DOMAIN],
-            "dashboard.trust_loopback": False,
+            "stub.trusted_proxies": ["127.0.0.1"],
             "dashboard.token": DASHBOARD_TOKEN,
         },
     )
@@ -258,8 +258,9 @@ async def _check_rest_through(port: int, certificate: ProxyCertificate, as_port:
             expected = (resp.status, await resp.text())
         async with session.get(base + user, **kwargs) as resp:
             assert (resp.status, await resp.text()) == expected
-        # Through the proxy every request comes from loopback: with trust_loopback off, the
-        # dashboard's data needs its token.
+        # Through the proxy every request comes from loopback: the proxy is trusted to name
+        # its client, and a client it names (this test, as far as the proxy knows, is one from
+        # its listener) that is not on loopback needs the token; its own loopback opens nothing.
         async with session.get(base + "/dashboard/data.json", **kwargs) as resp:
             assert resp.status == 401
         bearer = {
