@@ -204,6 +204,7 @@ class Delivery:
                 await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
             return 0
         parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)
+        parcel.shared = len(targets) > 1
         live = queued = 0
         for session_id in targets:
             session = self._sessions.get(session_id)
