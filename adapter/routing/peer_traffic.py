@@ -137,7 +137,8 @@ class PeerFeeds:
         self._is_node_address = node_addresses(local_domain)
         self._feeds: dict[str, PeerFeed] = {}
         # Subscriptions sent to peers, by request id, until they answer them.
-        self._confirmations: dict[str, asyncio.Future[Any]] = {}
+        # Keyed by (peer domain, request id): only the peer a request went to confirms it.
+        self._confirmations: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
@@ -330,7 +331,7 @@ class PeerFeeds:
             self._metrics.messages_in.labels("peer_foreign_sender").inc()
             return None
         for address in message.to:
-            refused = self._monitor.send_to(None, address)
+            refused = self._monitor.send_to(None, address, peer.domain)
             if refused is not None:
                 if message.type != "response":
                     self._answer(peer, message, refused.code, refused.reason)
@@ -345,7 +346,7 @@ class PeerFeeds:
             f"domain://msg-node.{peer.domain}/"
         ):
             if message.type == "response":
-                self._confirmed(message)
+                self._confirmed(peer, message)
             else:
                 self._spawn(self._peer_subscription(peer, message))
             return None
@@ -453,8 +454,8 @@ class PeerFeeds:
         # From now on this domain's publications to them reach the peer.
         return 200, "subscribed"
 
-    def _confirmed(self, message: Message) -> None:
-        waiter = self._confirmations.pop(str(message.id), None)
+    def _confirmed(self, peer: Peer, message: Message) -> None:
+        waiter = self._confirmations.pop((peer.domain, str(message.id)), None)
         if waiter is not None and not waiter.done():
             waiter.set_result(message.body)
 
@@ -486,7 +487,7 @@ class PeerFeeds:
             )
             if kind == SUBSCRIBE:
                 waiter = asyncio.get_running_loop().create_future()
-                self._confirmations[request_id] = waiter
+                self._confirmations[(domain, request_id)] = waiter
                 waiting.append((domain, request_id, waiter))
             await self.send_as_node(domain, text, (subscription_manager(domain),))
         refusal: str | None = None
@@ -497,7 +498,7 @@ class PeerFeeds:
                 log.warning("peer has not confirmed a subscription yet", peer=domain)
                 continue
             finally:
-                self._confirmations.pop(request_id, None)
+                self._confirmations.pop((domain, request_id), None)
             code = body.get("code") if isinstance(body, dict) else None
             if code != 200:
                 desc = body.get("desc") if isinstance(body, dict) else None
