@@ -27,6 +27,7 @@ from adapter.envelope import (
     Message,
     answer,
     body_bytes,
+    nesting_exceeds,
     parse,
 )
 from adapter.export.admission import EventAdmission
@@ -95,6 +96,15 @@ def test_nesting_is_bounded_where_a_message_enters_below_what_every_consumer_wri
     # The poison: a body ~1,000 deep, inside the parser's own limit of 1,024.
     with pytest.raises(InvalidMessage):
         parse(text({**header, "body": {"v": nested(1000)}}))
+
+
+def test_the_nesting_check_counts_levels_exactly() -> None:
+    for depth in (2, MAX_NESTING - 1, MAX_NESTING, MAX_NESTING + 1, 300, 1000):
+        as_list = orjson.loads(text({"v": nested(depth)}))["v"]
+        as_dict = orjson.loads(text({"v": nested(depth - 1)}))
+        assert nesting_exceeds(as_list) is (depth > MAX_NESTING)
+        assert nesting_exceeds(as_dict) is (depth > MAX_NESTING)
+    assert not nesting_exceeds("text") and not nesting_exceeds({"deep": "[" * 500})
 
 
 def test_an_id_is_a_string_or_an_integer_every_consumer_holds_exactly() -> None:
