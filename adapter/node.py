@@ -33,6 +33,7 @@ from appservice.server import AppserviceServer, TransactionHandler
 
 from . import carrier
 from .access import AccessMonitor, Refusal
+from .bounds import Bound
 from .carrier import Sender
 from .cluster.membership import Membership
 from .cluster.shared_routes import SharedRoutes, application_name
@@ -83,6 +84,7 @@ from .services.idm import IdmService
 from .services.registry import domain_registry_address
 from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from .services.subscriptions import SubscriptionService
+from .sessions.mailbox import Waiting
 from .sessions.registry import Lifecycle, SessionRegistry
 from .sessions.session import AskedRequests, Session
 from .sessions.tokens import SessionTokens
@@ -217,7 +219,7 @@ class Node:
             self._pending,
             self._tokens,
             self.rooms.virtual_user,
-            self.metrics.stub_connections,
+            self.metrics.stub_connections.labels("attached"),
             cfg.stub.session_ttl_seconds,
             lifecycle,
             self.settlement.mailbox_dirty,
@@ -228,6 +230,12 @@ class Node:
             process,
             self._take_sessions_of if process is not None else None,
             self._claim_in_use,
+            Bound(
+                "sessions",
+                cfg.stub.max_sessions_per_client,
+                cfg.stub.max_sessions,
+                self.metrics.bound_refused,
+            ),
         )
         self.metrics.sessions.set_function(lambda: len(self.sessions))
         self.metrics.tasks.set_function(lambda: len(asyncio.all_tasks()))
@@ -475,6 +483,8 @@ class Node:
             self._stream_limits(JOURNAL_INTERVAL),
             traffic=self._traffic,
             background=True,
+            # What took effect is always recorded: the stubs wait for room (Journal.room).
+            drop_when_full=False,
         )
 
     def _build_lanes(self) -> Lanes:
@@ -507,7 +517,15 @@ class Node:
             cfg.quotas.addresses,
             on_quota,
             cfg.registry.builtin.names_released_for_seconds,
+            Bound(
+                "addresses",
+                cfg.quotas.addresses_per_client,
+                cfg.quotas.addresses_total,
+                self.metrics.bound_refused,
+            ),
+            self._client_of,
         )
+        self.table.on_allocations_removed = allocation.let_go
         for endpoint in ENDPOINTS:
             services.add_endpoint(endpoint, allocation)
         services.add_endpoint(
@@ -551,9 +569,21 @@ class Node:
     def _quota_refused(self, quota: str) -> None:
         self.metrics.quota_refusals.labels(quota).inc()
 
-    def _waiting_bytes(self, session_id: int) -> int:
+    def _client_of(self, session_id: int) -> str:
         session = self.sessions.get(session_id)
-        return session.mailbox.waiting_bytes if session is not None else 0
+        return session.client if session is not None else ""
+
+    def _waiting_bytes(self, session_id: int, sender: str) -> Waiting:
+        session = self.sessions.get(session_id)
+        if session is None:
+            return Waiting(0, 0)
+        mailbox, tally = session.mailbox, self.sessions.tally
+        return Waiting(
+            mailbox.waiting_bytes,
+            mailbox.waiting_from(sender),
+            tally.of(session.client),
+            tally.total,
+        )
 
     async def _policy_changed(self, action: str, rule_id: str | None, rule: Any) -> None:
         self.journal.policy(action, rule_id, rule)

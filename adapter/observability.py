@@ -101,8 +101,30 @@ class NodeMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # "attached": sockets bound to a session; "handshaking": open sockets that have not
+        # completed their handshake yet (closed after stub.handshake_seconds).
         self.stub_connections = Gauge(
-            "rethink_mn_stub_connections", "Open stub WebSocket connections.", registry=registry
+            "rethink_mn_stub_connections",
+            "Open stub WebSocket connections, by state.",
+            ["state"],
+            registry=registry,
+        )
+        self.handshake_timeouts = Counter(
+            "rethink_mn_stub_handshake_timeouts_total",
+            "Stub sockets closed for not completing their handshake in time.",
+            registry=registry,
+        )
+        self.bound_refusals = Counter(
+            "rethink_mn_bound_refusals_total",
+            "Requests refused because a client (scope 'client') or the node (scope 'total') "
+            "holds its most of a resource (adapter/bounds.py).",
+            ["resource", "scope"],
+            registry=registry,
+        )
+        self.paced_seconds = Counter(
+            "rethink_mn_stub_paced_seconds_total",
+            "Seconds stub sockets were not read because their senders exceeded their rates.",
+            registry=registry,
         )
         self.sessions = Gauge(
             "rethink_mn_sessions",
@@ -307,6 +329,10 @@ class NodeMetrics:
             ["component"],
             registry=registry,
         )
+
+    def bound_refused(self, resource: str, scope: str) -> None:
+        """A client (scope "client") or the node ("total") held its most of ``resource``."""
+        self.bound_refusals.labels(resource, scope).inc()
 
 
 HealthProbe = Callable[[], Awaitable[dict[str, Any]]]

@@ -8,7 +8,7 @@ are the reference monitor's (access.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -30,6 +30,9 @@ class RoutingTable:
         # stream address -> other domain -> its runtimes subscribed to it
         self._remote: dict[str, dict[str, set[str]]] = {}
         self._by_session: dict[int, _SessionEntries] = {}
+        # Told how many of a session's allocated addresses went (the node's address bound
+        # gives them back: services/allocation.py).
+        self.on_allocations_removed: Callable[[int, int], None] = lambda _session, _n: None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -128,6 +131,8 @@ class RoutingTable:
                 removed.append(address)
                 if entry is not None:
                     entry.allocations.discard(address)
+        if removed:
+            self.on_allocations_removed(session_id, len(removed))
         for address in removed:
             block_key = self._key_of.pop(address, None)
             if block_key is None:
@@ -202,10 +207,14 @@ class RoutingTable:
         entry = self._by_session.pop(session_id, None)
         if entry is None:
             return
+        owned = 0
         for address in entry.allocations:
             if self._owner.get(address) == session_id:
                 del self._owner[address]
                 self._key_of.pop(address, None)
+                owned += 1
+        if owned:
+            self.on_allocations_removed(session_id, owned)
         for key in entry.keys:
             self._keys.pop((session_id, key), None)
         for address in entry.subscriptions:

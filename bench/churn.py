@@ -221,7 +221,8 @@ async def sample(
                         ("rethink_mn_stub_connections", "connections"),
                     ):
                         if family.name == name and family.samples:
-                            point[key] = family.samples[0].value
+                            # Summed over its labels (the connections' states).
+                            point[key] = sum(sample.value for sample in family.samples)
             into.append(point)
             await asyncio.sleep(every)
 

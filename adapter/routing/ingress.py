@@ -46,7 +46,7 @@ from ..services.registry import (
     is_service_address,
 )
 from ..sessions.link import Link
-from ..sessions.mailbox import Parcel
+from ..sessions.mailbox import Parcel, Waiting, WaitingBounds, waiting_refusal
 from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
 from ..sessions.upstream import Pending, Settles
 from ..storage.database import unavailable as database_unavailable
@@ -128,7 +128,9 @@ class Ingress:
         routed_through: Callable[[str], int],
         metrics: NodeMetrics,
         quotas: QuotaConfig,
-        waiting_bytes: Callable[[int], int],
+        # Bytes waiting for a session (and its client's, and the node's), and of them those
+        # from a sender (its key).
+        waiting_bytes: Callable[[int, str], Waiting],
         backpressure_timeout: float = 10.0,
         abroad: Abroad | None = None,
         catch_up: Callable[[], Awaitable[None]] | None = None,
@@ -152,6 +154,12 @@ class Ingress:
         self._quotas = quotas
         # Bytes kept for a session that is away or slow (its mailbox).
         self._waiting_bytes = waiting_bytes
+        self._waiting_bounds = WaitingBounds(
+            quotas.waiting_bytes,
+            quotas.sender_share,
+            quotas.waiting_bytes_per_client,
+            quotas.waiting_bytes_total,
+        )
         self._backpressure_timeout = backpressure_timeout
         # The way to other reTHINK domains' nodes (None: this node routes inside its domain).
         self._abroad = abroad
@@ -304,15 +312,12 @@ class Ingress:
             outboxes.insert(0, self._outboxes.for_session(session))
 
         for owner in destinations.owners:
-            if self._waiting_bytes(owner) + len(raw) > self._quotas.waiting_bytes:
+            problem = waiting_refusal(
+                self._waiting_bytes(owner, session.key), len(raw), self._waiting_bounds
+            )
+            if problem is not None:
                 self._metrics.quota_refusals.labels("waiting_bytes").inc()
-                return await self._refuse(
-                    attachment,
-                    message,
-                    413,
-                    "too much is waiting for the destination runtime",
-                    pending,
-                )
+                return await self._refuse(attachment, message, *problem, pending)
 
         for outbox in outboxes:
             if not outbox.has_room_for(len(raw)) and not await self._wait_for_room(

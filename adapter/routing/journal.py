@@ -85,6 +85,15 @@ class Journal:
             {"kind": "receipt", "ts": _now_ms(), "event_id": event_id, "delivered": list(delivered)}
         )
 
+    async def room(self, timeout: float | None = None) -> bool:
+        """Wait while the journal holds its most (the homeserver away or far behind), at most
+        ``timeout`` seconds; whether there is room now. The stub endpoint waits here before it
+        reads a runtime's next frame, so what took effect is always recorded (entries are
+        never dropped) and the node's memory stays bounded (the senders wait instead)."""
+        if self._stream is None or self._stream.has_room_for(1):
+            return True
+        return await self._stream.wait_for_room(1, timeout)
+
     @property
     def stream(self) -> BatchStream[bytes] | None:
         return self._stream

@@ -126,8 +126,12 @@ class BatchStream(Generic[T]):
         ready: asyncio.Event | None = None,
         on_refused: OnRefused | None = None,
         pace: Callable[[], Awaitable[None]] | None = None,
+        drop_when_full: bool = True,
     ) -> None:
         self.name = name
+        # A background stream that must keep everything (the journal: what took effect is
+        # recorded) never drops; its producers wait for room instead (``wait_for_room``).
+        self._drop_when_full = drop_when_full
         self._encoder = encoder
         self._header = header
         self._target = target
@@ -169,9 +173,9 @@ class BatchStream(Generic[T]):
     def has_room_for(self, size: int) -> bool:
         return self._queued_bytes + size <= self._limits.max_queued_bytes
 
-    async def wait_for_room(self, size: int, timeout: float) -> bool:
+    async def wait_for_room(self, size: int, timeout: float | None) -> bool:
         """Wait until ``size`` more bytes fit in the queue; False if they did not within
-        ``timeout`` seconds (the homeserver is down or far behind)."""
+        ``timeout`` seconds (the homeserver is down or far behind; None: no end)."""
         try:
             async with asyncio.timeout(timeout):
                 while not self.has_room_for(size):
@@ -182,9 +186,13 @@ class BatchStream(Generic[T]):
         return True
 
     def push(self, item: T) -> None:
-        if self._background and not self.has_room_for(self._encoder.size(item)):
-            # The homeserver has been away long enough to fill the queue: the audit entry is
-            # not kept (counted), rather than the node's memory growing without end.
+        if (
+            self._background
+            and self._drop_when_full
+            and not self.has_room_for(self._encoder.size(item))
+        ):
+            # The homeserver has been away long enough to fill the queue: the entry is not
+            # kept (counted), rather than the node's memory growing without end.
             self._dropped.inc()
             return
         if not self._queue:

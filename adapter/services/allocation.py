@@ -28,6 +28,7 @@ from typing import Any
 
 from ..access import AccessMonitor, Principal, Refusal
 from ..addresses import RESERVED_SCHEMES, scheme_of
+from ..bounds import Bound
 from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
 from ..storage.clock import utcnow
@@ -55,8 +56,17 @@ class AllocationService:
         quota: int = 100_000,
         on_quota: Callable[[str], None] = lambda _name: None,
         released_kept_seconds: float = 25 * 3600,
+        bound: Bound | None = None,
+        client_of: Callable[[int], str] = lambda _session: "",
     ) -> None:
         self._domain = domain
+        # Addresses per client and in total (beside the per-session quota): taken before the
+        # durable write, in one step with the check; given back as addresses go (``let_go``).
+        self._bound = bound if bound is not None else Bound("addresses", 1 << 62, 1 << 62)
+        self._client_of = client_of
+        # What each session took from the bound, and for which client: what is given back
+        # when its addresses go (addresses read back at a start took nothing).
+        self._taken: dict[int, tuple[str, int]] = {}
         # How long an address its runtime let go stays out of reach (as long as the registry
         # may still name it): nobody claims it in that time.
         self._released_kept = timedelta(seconds=released_kept_seconds)
@@ -96,23 +106,53 @@ class AllocationService:
                 return Refusal(
                     429, f"a runtime may hold at most {self._quota} addresses ({held} held)"
                 )
-            if await self._store.released(address, utcnow() - self._released_kept):
-                return Refusal(
-                    403,
-                    f"'{address}' was let go by the runtime it was allocated to: it is not "
-                    "taken up again while others may still know it",
-                )
+            bounded = self._take(who.session_id, 1)
+            if bounded is not None:
+                return bounded
             try:
+                if await self._store.released(address, utcnow() - self._released_kept):
+                    self._give_back(who.session_id, 1)
+                    return Refusal(
+                        403,
+                        f"'{address}' was let go by the runtime it was allocated to: it is not "
+                        "taken up again while others may still know it",
+                    )
                 await self._store.add_allocations(
                     who.session_id, [address], scheme_of(address), None
                 )
             except Exception as exc:
+                self._give_back(who.session_id, 1)
                 if database_unavailable(exc):
                     raise
                 # Another process of the domain took it a moment ago (the unique address).
                 return Refusal(403, f"'{address}' is in use by another runtime")
             self._table.add_allocations(who.session_id, [address], None)
             return None
+
+    def _take(self, session_id: int, amount: int) -> Refusal | None:
+        client = self._client_of(session_id)
+        refused = self._bound.take(client, amount)
+        if refused is not None:
+            return Refusal(refused.code, refused.reason)
+        earlier = self._taken.get(session_id)
+        self._taken[session_id] = (client, amount + (earlier[1] if earlier else 0))
+        return None
+
+    def _give_back(self, session_id: int, amount: int) -> None:
+        taken = self._taken.get(session_id)
+        if taken is None:
+            return
+        client, held = taken
+        amount = min(amount, held)
+        self._bound.give(client, amount)
+        if held > amount:
+            self._taken[session_id] = (client, held - amount)
+        else:
+            del self._taken[session_id]
+
+    def let_go(self, session_id: int, amount: int) -> None:
+        """``amount`` of the session's addresses went (deleted, or its session ended)."""
+        self._give_back(session_id, amount)
 
     def _scheme(self, endpoint: str, body: dict[str, Any]) -> str | ServiceReply:
         if endpoint == HYPERTY_ENDPOINT:
@@ -161,8 +201,15 @@ class AllocationService:
             return ServiceReply(
                 429, desc=f"a runtime may hold at most {self._quota} addresses ({held} held)"
             )
+        bounded = self._take(who.session_id, number)
+        if bounded is not None:
+            return ServiceReply(bounded.code, desc=bounded.reason)
         # Durable before the runtime hears of it.
-        await self._store.add_allocations(who.session_id, addresses, scheme, key)
+        try:
+            await self._store.add_allocations(who.session_id, addresses, scheme, key)
+        except BaseException:
+            self._give_back(who.session_id, number)
+            raise
         self._table.add_allocations(who.session_id, addresses, key)
         return ServiceReply(200, value={"allocated": addresses}, affected=len(addresses))
 

@@ -82,7 +82,7 @@ class SubscriptionService:
         if message.type == "subscribe":
             refusal = await self._refusal(requester, addresses)
             if refusal is not None:
-                return ServiceReply(403, desc=refusal)
+                return ServiceReply(refusal.code, desc=refusal.reason)
             held = self._table.holdings(subscriber).subscriptions
             if held + len(addresses) > self._quota:
                 self._on_quota("subscriptions")
@@ -96,24 +96,26 @@ class SubscriptionService:
             await self._store.unsubscribe(subscriber, addresses)
             self._table.unsubscribe(subscriber, addresses)
         if self._on_change is not None:
-            refusal = await self._on_change(message.type, addresses, requester.runtime_url)
-            if refusal is not None and message.type == "subscribe":
+            changed = await self._on_change(message.type, addresses, requester.runtime_url)
+            if changed is not None and message.type == "subscribe":
                 await self._store.unsubscribe(subscriber, addresses)
                 self._table.unsubscribe(subscriber, addresses)
-                return ServiceReply(403, desc=refusal)
+                return ServiceReply(403, desc=changed)
         return ServiceReply(200, affected=len(addresses))
 
-    async def _refusal(self, requester: Requester, addresses: list[str]) -> str | None:
+    async def _refusal(self, requester: Requester, addresses: list[str]) -> Refusal | None:
+        """Why the requester may not subscribe to one of ``addresses``, with its code (403;
+        a claimed address beyond a bound keeps the bound's 429 or 503)."""
         for address in addresses:
             verdict = self._monitor.subscribe_to(requester, address)
             if isinstance(verdict, Claim):
                 verdict = await self._claim(requester, verdict.address)
             if verdict is not None:
-                return verdict.reason
+                return verdict
             if self._policy is not None:
                 denied = self._policy(requester, address)
                 if denied is not None:
-                    return denied
+                    return Refusal(403, denied)
         return None
 
 

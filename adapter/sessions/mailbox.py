@@ -19,6 +19,7 @@ import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
@@ -79,6 +80,71 @@ class Parcel:
             origin = orjson.dumps(self.origin)
             self._frame_head = b"," + origin + b",%d," % self.oseq
         return b"[%d%s%s]" % (dseq, self._frame_head, self.payload())
+
+
+class Tally:
+    """Bytes waiting for runtimes (kept, in flight, stored), node-wide and by the client each
+    runtime's session counts against (clients.py): what ``quotas.waiting_bytes_total`` and
+    ``quotas.waiting_bytes_per_client`` bound, beside each runtime's own quota."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._by_client: dict[str, int] = {}
+
+    def of(self, client: str) -> int:
+        return self._by_client.get(client, 0)
+
+    def add(self, client: str, amount: int) -> None:
+        self.total += amount
+        if client:
+            left = self._by_client.get(client, 0) + amount
+            if left > 0:
+                self._by_client[client] = left
+            else:
+                self._by_client.pop(client, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """What waits, in bytes, as the share a sender's next message to a runtime is held to."""
+
+    for_runtime: int
+    from_sender: int
+    # For every runtime of the client the runtime's session counts against, and node-wide.
+    for_client: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingBounds:
+    per_runtime: int
+    per_sender: int
+    per_client: int
+    total: int
+
+
+def waiting_refusal(waiting: Waiting, size: int, bounds: WaitingBounds) -> tuple[int, str] | None:
+    """Why ``size`` more bytes from a sender may not wait for a runtime, with the code its
+    sender is answered; None when they may. A sender's share keeps one sender from filling a
+    runtime's quota for all the others; the client's and the node's bounds keep one client's
+    away runtimes from filling the node's."""
+    if waiting.from_sender + size > bounds.per_sender:
+        return 413, (
+            f"too much from this sender is waiting for the destination runtime "
+            f"({waiting.from_sender} of its share of {bounds.per_sender} bytes)"
+        )
+    if waiting.for_runtime + size > bounds.per_runtime:
+        return 413, "too much is waiting for the destination runtime"
+    if waiting.for_client + size > bounds.per_client:
+        return 413, "too much is waiting for the destination runtime's client"
+    if waiting.total + size > bounds.total:
+        return 503, "the node keeps its most for runtimes that are away; retry later"
+    return None
+
+
+def sender_of(origin: str | None) -> str:
+    """The sender of a parcel numbered in ``origin`` (``<session key>.<numbering>``)."""
+    return origin.split(".", 1)[0] if origin else ""
 
 
 class Entry:
@@ -172,7 +238,14 @@ class Mailbox:
         self.delete_through = 0
         # Bytes of what waits for the runtime (kept, in flight, stored): what its quota limits.
         # Rows stored by an earlier run count as one lump until a delete passes their end.
-        self._stored_sizes: deque[tuple[int, int]] = deque()
+        self._stored_sizes: deque[tuple[int, int, str]] = deque()
+        # The same bytes by sender (the session key its origins start with; "" for the
+        # node's own): what each sender's share of the quota limits (routing/ingress.py).
+        self._by_sender: dict[str, int] = {}
+        # The node's tally this mailbox counts in (``join``), and what it has counted there.
+        self._tally: Tally | None = None
+        self._client = ""
+        self._tallied = 0
         self._stored_bytes = 0
         self._earlier_bytes = stored_bytes
         self._earlier_through = stored_through
@@ -199,21 +272,63 @@ class Mailbox:
     def waiting_bytes(self) -> int:
         return self._memory_bytes + self._stored_bytes + self._earlier_bytes
 
+    def join(self, tally: Tally, client: str) -> None:
+        """Count what waits here in ``tally``, for ``client``, from now on (moved from any
+        tally or client it was counted for before)."""
+        self.leave()
+        self._tally, self._client = tally, client
+        self._retally()
+
+    def leave(self) -> None:
+        """Count nothing more in the tally (the session left this node process)."""
+        if self._tally is not None:
+            self._tally.add(self._client, -self._tallied)
+        self._tally, self._tallied = None, 0
+
+    def _retally(self) -> None:
+        if self._tally is not None:
+            now = self.waiting_bytes
+            self._tally.add(self._client, now - self._tallied)
+            self._tallied = now
+
+    def waiting_from(self, sender: str) -> int:
+        """Bytes waiting for the runtime that ``sender`` (a session key) sent."""
+        return self._by_sender.get(sender, 0)
+
+    def _count_sender(self, parcel: Parcel, size: int) -> None:
+        sender = sender_of(parcel.origin)
+        left = self._by_sender.get(sender, 0) + size
+        if left > 0:
+            self._by_sender[sender] = left
+        else:
+            self._by_sender.pop(sender, None)
+
     def _new_entry(self, dseq: int, parcel: Parcel, ticket: Ticket | None) -> Entry:
         self._memory_bytes += len(parcel.text)
+        self._count_sender(parcel, len(parcel.text))
+        self._retally()
         return Entry(dseq, parcel, ticket)
 
     def _done_with(self, entry: Entry) -> None:
         """``entry`` leaves memory without being stored: the runtime has it."""
         self._memory_bytes -= len(entry.parcel.text)
+        self._count_sender(entry.parcel, -len(entry.parcel.text))
+        self._retally()
         entry.settle()
 
     def _forget_stored(self, through: int) -> None:
         sizes = self._stored_sizes
         while sizes and sizes[0][0] <= through:
-            self._stored_bytes -= sizes.popleft()[1]
+            _dseq, size, sender = sizes.popleft()
+            self._stored_bytes -= size
+            left = self._by_sender.get(sender, 0) - size
+            if left > 0:
+                self._by_sender[sender] = left
+            else:
+                self._by_sender.pop(sender, None)
         if through >= self._earlier_through:
             self._earlier_bytes = 0
+        self._retally()
 
     @property
     def in_flight(self) -> int:
@@ -354,7 +469,7 @@ class Mailbox:
             size = len(entry.parcel.text)
             self._memory_bytes -= size
             self._stored_bytes += size
-            self._stored_sizes.append((entry.dseq, size))
+            self._stored_sizes.append((entry.dseq, size, sender_of(entry.parcel.origin)))
         if entries:
             self._stored_through = max(self._stored_through, entries[-1].dseq)
             if self._acked >= entries[0].dseq:
@@ -469,4 +584,6 @@ class Mailbox:
         self._link = None
         self._memory_bytes = self._stored_bytes = self._earlier_bytes = 0
         self._stored_sizes.clear()
+        self._by_sender.clear()
+        self._retally()
         return unreceived

@@ -20,12 +20,14 @@ from typing import Any, Protocol
 
 import structlog
 
+from ..bounds import Bound, BoundRefused
 from ..identity.model import Identity
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from ..storage.sessions import ClaimRow, HeldElsewhere
+from .eviction import EvictionOrder
 from .link import CLOSE_REPLACED, Link
-from .mailbox import DeliveryStore, Mailbox, Parcel, Ticket
+from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket
 from .serial import Serial
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
@@ -56,6 +58,15 @@ class SessionRefused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class SessionsFull(Exception):
+    """No session for this connection: its client (429) or the node (503) holds its most."""
+
+    def __init__(self, refused: BoundRefused) -> None:
+        super().__init__(refused.reason)
+        self.code = refused.code
+        self.reason = refused.reason
 
 
 class SessionRows(Protocol):
@@ -141,8 +152,14 @@ class SessionRegistry:
         process: str | None = None,
         take_over: TakeOver | None = None,
         claim_in_use: Callable[[str], Coroutine[Any, Any, bool]] | None = None,
+        bound: Bound | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self._rows = rows
+        # Bytes waiting for this process's runtimes, node-wide and by client.
+        self.tally = tally if tally is not None else Tally()
+        # Sessions per client and in total (attached and detached alike).
+        self._bound = bound if bound is not None else Bound("sessions", 1 << 62, 1 << 62)
         # Whether anything is still registered under a claim (the built-in registry): while
         # it is, the runtimeURL stays the claim's after its session ends. None: nothing is.
         self._claim_in_use = claim_in_use
@@ -165,9 +182,14 @@ class SessionRegistry:
         self._by_key: dict[str, Session] = {}
         # Every operation on a runtime's session goes through the runtime's line.
         self._serial = Serial()
-        # Sessions without a connection, longest detached first: bounded, the oldest released
-        # first beyond ``max_detached`` (each holds its kept deliveries and routes).
+        # Sessions without a connection, longest detached first (expiry walks them so); bounded,
+        # beyond ``max_detached`` released early in the order of eviction.py.
         self._detached: OrderedDict[int, Session] = OrderedDict()
+        # Sessions being released whose place in the bound was given back already.
+        self._placeless: set[int] = set()
+        self._eviction: EvictionOrder[Session] = EvictionOrder(
+            self._detached.get, lambda: len(self._detached)
+        )
         self._max_detached = max_detached
         self._on_evicted = on_evicted
         # Told of the routed messages a released session had not received.
@@ -208,6 +230,9 @@ class SessionRegistry:
             self._add(self._from_row(row, epoch, stored, now))
         for session in sorted(self._by_id.values(), key=lambda s: s.detached_at or 0.0):
             self._detached[session.id] = session
+            self._eviction.push(session)
+            # Read back: held already, so counted whatever the bounds (towards the total).
+            self._bound.force("")
 
     def _from_row(
         self, row: Any, epoch: int, stored: dict[int, tuple[int, int]], now: Any
@@ -242,7 +267,9 @@ class SessionRegistry:
                 continue
             session = self._from_row(row, epoch, stored, now)
             self._add(session)
+            self._bound.force("")
             self._detached[session.id] = session
+            self._eviction.push(session)
             added.append(session.id)
         sessions = self.hold(added)
         self._evict_beyond_bound()
@@ -289,8 +316,11 @@ class SessionRegistry:
             self._by_id.pop(session.id, None)
             self._by_runtime.pop(session.runtime_url, None)
             self._by_key.pop(session.key, None)
+            self._give_place(session)
+            self._placeless.discard(session.id)
             snapshot = at_removal()
             await session.mailbox.store_all(self._deliveries)
+            session.mailbox.leave()
             # What still reaches it here (an event being delivered right now) is not kept: the
             # new holder reads that event again.
             session.mailbox.discarded = True
@@ -325,6 +355,7 @@ class SessionRegistry:
     ) -> Session:
         start = self._epoch if epoch is None else epoch
         mailbox = Mailbox(session_id, start, self._on_mailbox_dirty, stored_through, stored_bytes)
+        mailbox.join(self.tally, "")
         session = Session(session_id, key, runtime_url, user_id, mailbox, start)
         session.claim = claim or key
         return session
@@ -393,13 +424,17 @@ class SessionRegistry:
         hello: AckHello | None,
         identity: Identity | None = None,
         protect: bool = False,
+        client: str = "",
     ) -> Attachment:
         """Bind a new connection to the runtime's session (created if none). A live older
         connection is replaced (closed with 4409). Deliveries wait until ``resume``.
 
         ``protect``: the connection will be handed a session token, so from now on only a
         connection presenting it (or proving the same identity) gets the session. Raises
-        TokenRejected or SessionRefused (401) and leaves the live connection alone."""
+        TokenRejected or SessionRefused (401) and leaves the live connection alone.
+
+        ``client``: who the connection is (clients.py); a new session counts against its
+        bound and the node's, and raises SessionsFull beyond them."""
         taken = self._adopting.get(runtime_url)
         if taken is not None:
             try:
@@ -421,10 +456,19 @@ class SessionRegistry:
                 user_id = self._virtual_user(runtime_url)
                 key = secrets.token_hex(8)
                 record = identity.to_record() if identity is not None else None
-                session_id = await self._rows.create(
-                    runtime_url, user_id, key, protect, record, claim, kept
-                )
+                # Taken in this step, with no wait since the check: nothing else can take the
+                # last place meanwhile. Given back if the row cannot be written.
+                self._take_place(client, identity)
+                try:
+                    session_id = await self._rows.create(
+                        runtime_url, user_id, key, protect, record, claim, kept
+                    )
+                except BaseException:
+                    self._bound.give(client)
+                    raise
                 session = self._new_session(session_id, key, runtime_url, user_id, claim=claim)
+                session.client = client
+                session.mailbox.join(self.tally, client)
                 session.identity = identity
                 session.protected = protect
                 self._add(session)
@@ -453,6 +497,8 @@ class SessionRegistry:
                 )
                 if retired is not None:
                     self._lifecycle.retire([retired])
+            if resumed:
+                session.used = True
             attachment = Attachment(session, link, upstream, resumed)
             session.attachment = attachment
             session.detached_at = None
@@ -465,6 +511,38 @@ class SessionRegistry:
                 self._spawn(previous.link.close(CLOSE_REPLACED, "replaced by a newer connection"))
             Lifecycle._tell(self._lifecycle.attached, session)
         return attachment
+
+    def _take_place(self, client: str, identity: Identity | None) -> None:
+        """Take a place for a new session of ``client``, or raise SessionsFull. When the node
+        is full, a session that proved an identity displaces the newest detached one never
+        used; an anonymous one displaces none (a flood of them could otherwise push out every
+        runtime briefly away)."""
+        refused = self._bound.refusal(client)
+        if refused is not None and refused.scope == "total" and _verified(identity):
+            victim = self._eviction.pick_unused()
+            if victim is not None:
+                self._evict(victim, "displaced by a new session that proved an identity")
+                # Its place is free from now on; its release (in its runtime's line, later)
+                # gives nothing back again.
+                self._give_place(victim)
+        refused = self._bound.take(client)
+        if refused is not None:
+            raise SessionsFull(refused)
+
+    def _give_place(self, session: Session) -> None:
+        if session.id not in self._placeless:
+            self._placeless.add(session.id)
+            self._bound.give(session.client)
+
+    def place_refusal(self, runtime_url: str, client: str) -> BoundRefused | None:
+        """Why a connection of ``client`` would not get a session for ``runtime_url`` now (for
+        an answer before the upgrade; ``attach`` decides again when it takes the place)."""
+        if runtime_url in self._by_runtime:
+            return None
+        refused = self._bound.refusal(client)
+        if refused is not None and refused.scope == "total":
+            return None  # may displace an unused session if it proves an identity: attach says
+        return refused
 
     def admit(self, runtime_url: str, token: str | None, identity: Identity | None) -> None:
         """Raise TokenRejected or SessionRefused unless a connection with ``token`` and
@@ -577,6 +655,7 @@ class SessionRegistry:
         session.attachment = None
         session.detached_at = time.monotonic()
         self._detached[session.id] = session
+        self._eviction.push(session)
         self._evict_beyond_bound()
         session.mailbox.detach(attachment.link)
         self._connections.dec()
@@ -658,6 +737,8 @@ class SessionRegistry:
             session.attachment = None
             self._connections.dec()
         unreceived = session.mailbox.discard()
+        self._give_place(session)
+        self._placeless.discard(session.id)
         self._by_id.pop(session.id, None)
         self._by_runtime.pop(session.runtime_url, None)
         self._by_key.pop(session.key, None)
@@ -668,10 +749,16 @@ class SessionRegistry:
 
     def _evict_beyond_bound(self) -> None:
         while len(self._detached) > self._max_detached:
-            _id, oldest = self._detached.popitem(last=False)
-            log.warning("detached session released early: too many", runtime=oldest.runtime_url)
-            self._on_evicted()
-            self._spawn(self._release_if_detached(oldest))
+            victim = self._eviction.pick()
+            if victim is None:
+                break
+            self._evict(victim, "too many detached")
+
+    def _evict(self, session: Session, why: str) -> None:
+        self._detached.pop(session.id, None)
+        log.warning("detached session released early", runtime=session.runtime_url, why=why)
+        self._on_evicted()
+        self._spawn(self._release_if_detached(session))
 
     async def _release_if_detached(self, session: Session) -> None:
         async with self._serial.line(session.runtime_url):
@@ -682,6 +769,7 @@ class SessionRegistry:
                     log.exception("releasing a session failed", runtime=session.runtime_url)
                     self._detached[session.id] = session
                     self._detached.move_to_end(session.id, last=False)
+                    self._eviction.push(session)
 
     async def expire(self) -> int:
         """Release sessions detached for longer than the configured lifetime."""
@@ -696,3 +784,7 @@ class SessionRegistry:
             # Attached again while this waited for its line: not expired after all.
             await self._release_if_detached(session)
         return len(stale)
+
+
+def _verified(identity: Identity | None) -> bool:
+    return identity is not None and identity.authenticated and identity.key is not None

@@ -78,6 +78,7 @@ class Session:
         "asked",
         "attachment",
         "claim",
+        "client",
         "detached_at",
         "id",
         "key",
@@ -86,6 +87,7 @@ class Session:
         "released",
         "runtime_url",
         "upstream",
+        "used",
         "user_id",
         "vouched_until",
     )
@@ -125,6 +127,11 @@ class Session:
         self.asked = AskedRequests()
         # The credential's claim on the runtimeURL (storage/models.py RuntimeSession.claim).
         self.claim = key
+        # The client the session counts against (clients.py); "" for one read back at a start.
+        self.client = ""
+        # Whether the runtime did anything with the session (sent a frame, came back to it):
+        # when sessions must be evicted, those never used go first (registry.py).
+        self.used = False
 
     @property
     def session_id(self) -> int:

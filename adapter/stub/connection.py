@@ -52,6 +52,8 @@ class StubConnection:
         self._writer: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[None] | None = None
         self.peer = request.remote
+        # The host the connection counts against (clients.py); set by the endpoint.
+        self.client = ""
 
     @property
     def open(self) -> bool:

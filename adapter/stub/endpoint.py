@@ -19,6 +19,8 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from ..addresses import runtime_url_problem
+from ..bounds import Bound, BoundRefused
+from ..clients import ClientKeys
 from ..config import StubConfig
 from ..envelope import InvalidMessage, control_error, dumps
 from ..identity.authenticator import Authenticator, parse_credential
@@ -27,7 +29,7 @@ from ..observability import NodeMetrics
 from ..routing.ingress import Ingress
 from ..routing.journal import Journal
 from ..sessions.link import CLOSE_REPLACED
-from ..sessions.registry import SessionRefused, SessionRegistry
+from ..sessions.registry import SessionRefused, SessionRegistry, SessionsFull
 from ..sessions.session import AckHello, Attachment
 from ..sessions.tokens import TokenRejected
 from ..storage.sessions import HeldElsewhere
@@ -36,11 +38,13 @@ from .connection import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
+    CLOSE_POLICY,
     CLOSE_TRY_AGAIN,
     CLOSE_UNAUTHORIZED,
     StubConnection,
 )
 from .origins import OriginCheck
+from .pacing import Pace
 from .protocol import (
     BadFrame,
     BadHello,
@@ -84,6 +88,18 @@ class StubEndpoint:
         self._max_backlog = max_backlog_bytes
         self._origins = OriginCheck(config.allowed_origins, config.known_hosts)
         self._open: set[StubConnection] = set()
+        # Who each connection is (clients.py), and the sockets each client holds (bounds.py).
+        self._clients = ClientKeys(config.trusted_proxies)
+        self._sockets = Bound(
+            "connections",
+            config.max_connections_per_client,
+            config.max_connections,
+            metrics.bound_refused,
+            "stub connections",
+        )
+        # Open sockets that have not completed their handshake, each with its deadline.
+        self._handshaking: dict[StubConnection, asyncio.TimerHandle] = {}
+        self._handshaking_gauge = metrics.stub_connections.labels("handshaking")
         # Set while the node stops: frames are no longer read (a numbered message not taken in
         # is sent again by its stub to the next run).
         self.closing = False
@@ -93,6 +109,7 @@ class StubEndpoint:
         self._deciding = 0
         self._decided = asyncio.Event()
         self._decided.set()
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def open_connections(self) -> int:
@@ -117,8 +134,11 @@ class StubEndpoint:
         arrived = time.monotonic()
         if self.closing:
             raise web.HTTPServiceUnavailable(text="the node is shutting down; retry later")
-        if len(self._open) >= self._config.max_connections:
-            raise web.HTTPServiceUnavailable(text="too many stub connections; retry later")
+        host = self._clients.host(request.remote, request.headers)
+        early = self._sockets.refusal(host)
+        if early is not None:
+            self._metrics.bound_refused("connections", early.scope)
+            raise _http_refusal(early)
         refusal = self._origins.refusal(request)
         if refusal is not None:
             self._metrics.messages_in.labels("refused_origin").inc()
@@ -154,7 +174,36 @@ class StubEndpoint:
                 raise web.HTTPServiceUnavailable(
                     text=_held_elsewhere(holder), headers={"Retry-After": "1"}
                 )
+            full = self._sessions.place_refusal(runtime_url, _client(host, identity))
+            if full is not None:
+                self._metrics.bound_refused("sessions", full.scope)
+                raise _http_refusal(full)
 
+        # The socket counts against its client from here (taken in one step with the check:
+        # the authentication above waited, and others may have connected meanwhile).
+        client = _client(host, identity)
+        taken = self._sockets.take(client)
+        if taken is not None:
+            raise _http_refusal(taken)
+        try:
+            return await self._serve(
+                request, arrived, host, client, runtime_url, token, hello, identity, answer
+            )
+        finally:
+            self._sockets.give(client)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        arrived: float,
+        host: str,
+        client: str,
+        runtime_url: str | None,
+        token: str | None,
+        hello: AckHello | None,
+        identity: Identity | None,
+        answer: bool,
+    ) -> web.StreamResponse:
         ws = web.WebSocketResponse(
             heartbeat=self._config.heartbeat_seconds,
             compress=self._config.compression,
@@ -162,8 +211,18 @@ class StubEndpoint:
         )
         await ws.prepare(request)
         conn = StubConnection(ws, request, self._max_backlog)
+        conn.client = host
         attachment: Attachment | None = None
         self._open.add(conn)
+        if runtime_url is None:
+            self._await_handshake(conn)
+        config = self._config
+        pace = Pace(
+            config.messages_per_second,
+            config.messages_burst,
+            config.bytes_per_second,
+            config.bytes_burst,
+        )
         # 1000 only after a processed `disconnect` (the stub then drops its session); anything
         # else that ends the connection from this side tells the stub to come back and resume.
         close_code = CLOSE_INTERNAL_ERROR
@@ -181,6 +240,10 @@ class StubEndpoint:
                     # Another process created the session since the check above.
                     await conn.close(CLOSE_TRY_AGAIN, _held_elsewhere(exc.holder)[:120])
                     return ws
+                except SessionsFull as exc:
+                    # Others took the last places since the check above.
+                    await conn.close(CLOSE_TRY_AGAIN, f"{exc.code} {exc.reason}"[:120])
+                    return ws
             async for frame in ws:
                 if self.closing:
                     # Stopping: the stub's acknowledgements are still taken (the node waits
@@ -190,6 +253,16 @@ class StubEndpoint:
                         await self._take_ack(conn, attachment, frame.data)
                     continue
                 if frame.type == WSMsgType.TEXT:
+                    # The sender's rate, and room in the journal: until both allow it, this
+                    # socket is not read (the sender waits; nothing is dropped).
+                    wait = pace.take(len(frame.data))
+                    if wait > 0:
+                        self._metrics.paced_seconds.inc(wait)
+                        await asyncio.sleep(wait)
+                    while not await self._journal.room(1.0) and not self.closing:
+                        pass
+                    if attachment is not None:
+                        attachment.session.used = True
                     self._deciding += 1
                     self._decided.clear()
                     try:
@@ -213,6 +286,7 @@ class StubEndpoint:
             log.exception("stub connection failed inside the node", peer=conn.peer)
         finally:
             self._open.discard(conn)
+            self._handshake_done(conn)
             if attachment is not None:
                 try:
                     await self._sessions.detach(attachment)
@@ -235,8 +309,15 @@ class StubEndpoint:
         arrived: float,
     ) -> Attachment:
         attachment = await self._sessions.attach(
-            runtime_url, conn, token, hello, identity, protect=answer
+            runtime_url,
+            conn,
+            token,
+            hello,
+            identity,
+            protect=answer,
+            client=_client(conn.client, identity),
         )
+        self._handshake_done(conn)
         session = attachment.session
         self._journal.session(runtime_url, "resumed" if attachment.resumed else "new", identity)
         if attachment.upstream is None:
@@ -485,6 +566,49 @@ class StubEndpoint:
             await conn.send(control_error(503, _held_elsewhere(exc.holder), cmd="connect"))
             await conn.close(CLOSE_TRY_AGAIN, "connect again")
             return None
+        except SessionsFull as exc:
+            await conn.send(control_error(exc.code, exc.reason, cmd="connect"))
+            return None
+
+    def _await_handshake(self, conn: StubConnection) -> None:
+        """A socket opened without a handshake gets ``stub.handshake_seconds`` to send one."""
+        self._handshaking_gauge.inc()
+        self._handshaking[conn] = asyncio.get_running_loop().call_later(
+            self._config.handshake_seconds, self._handshake_missed, conn
+        )
+
+    def _handshake_done(self, conn: StubConnection) -> None:
+        timer = self._handshaking.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
+            self._handshaking_gauge.dec()
+
+    def _handshake_missed(self, conn: StubConnection) -> None:
+        if self._handshaking.pop(conn, None) is None:
+            return
+        self._handshaking_gauge.dec()
+        self._metrics.handshake_timeouts.inc()
+        log.info("stub socket closed: no handshake in time", peer=conn.peer)
+        task = asyncio.create_task(
+            conn.close(
+                CLOSE_POLICY,
+                f"no {{cmd:'connect'}} within {self._config.handshake_seconds:g} s",
+            )
+        )
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+
+def _client(host: str, identity: Identity | None) -> str:
+    """The client a connection counts against: its verified identity, else its host."""
+    verified = identity is not None and identity.authenticated
+    return ClientKeys.of(host, identity.key if verified and identity is not None else None)
+
+
+def _http_refusal(refused: BoundRefused) -> web.HTTPException:
+    if refused.code == 429:
+        return web.HTTPTooManyRequests(text=refused.reason)
+    return web.HTTPServiceUnavailable(text=refused.reason, headers={"Retry-After": "5"})
 
 
 def _held_elsewhere(holder: str | None) -> str:

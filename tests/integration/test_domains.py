@@ -82,6 +82,17 @@ async def test_a_message_and_its_answer_cross_domains(domains: Domains) -> None:
         await bob.send({"id": "p1", "type": "response", "from": b, "to": a, "body": {"code": 200}})
         answer = await alice.receive(30)
         assert answer["type"] == "response" and answer["from"] == b
+        # B measures how old A's events are when it handles them (A's homeserver's stamp to B
+        # taking them). B's node may first catch up on what earlier tests left in the rooms
+        # the two domains share, so only what it handles from here on is judged.
+        ages = domains.b.metrics.registry
+        count_name, sum_name = (
+            "rethink_mn_peer_event_age_seconds_count",
+            "rethink_mn_peer_event_age_seconds_sum",
+        )
+        handled_before = ages.get_sample_value(count_name) or 0.0
+        total_before = ages.get_sample_value(sum_name) or 0.0
+        exchange_started = time.monotonic()
         # Order per sender holds across domains, and everything is acknowledged at A.
         for i in range(50):
             await alice.send(ping(i, a, b))
@@ -90,13 +101,11 @@ async def test_a_message_and_its_answer_cross_domains(domains: Domains) -> None:
             while alice.unacked:
                 await asyncio.sleep(0.05)
         assert bob.duplicates == 0
-        # B measured how old A's events were when it handled them (A's homeserver's stamp to
-        # B taking them): every one it handled, none older than the exchange itself.
-        ages = domains.b.metrics.registry
-        handled = ages.get_sample_value("rethink_mn_peer_event_age_seconds_count")
-        total = ages.get_sample_value("rethink_mn_peer_event_age_seconds_sum")
-        assert handled is not None and handled >= 2 and total is not None
-        assert 0 < total / handled < 30, (total, handled)
+        # Every event of the exchange was measured, and none is older than the exchange.
+        handled = (ages.get_sample_value(count_name) or 0.0) - handled_before
+        total = (ages.get_sample_value(sum_name) or 0.0) - total_before
+        assert handled >= 1, handled
+        assert 0 < total / handled <= time.monotonic() - exchange_started, (total, handled)
     finally:
         await alice.close()
         await bob.close()

@@ -65,6 +65,8 @@ class PyRuntime:
         # answer to a request its stub sent again, an attacker sending one message twice, a
         # plain stub's receiver across a crash of the node): that test checks what must hold.
         self.twice_allowed = False
+        # Sent with the WebSocket upgrade (a test of a proxy's X-Forwarded-For).
+        self.headers: dict[str, str] = {}
         PyRuntime.alive.add(self)
 
     async def connect(
@@ -89,11 +91,13 @@ class PyRuntime:
                 params["hello"] = "1"
             if auth:
                 params["auth_type"], params["auth_token"] = auth["type"], auth["token"]
-            self.ws = await self.session.ws_connect(self.stub_url, params=params)
+            self.ws = await self.session.ws_connect(
+                self.stub_url, params=params, headers=self.headers
+            )
             if hello:
                 self.connect_answer = await self.ws.receive_json(timeout=10)
         else:
-            self.ws = await self.session.ws_connect(self.stub_url)
+            self.ws = await self.session.ws_connect(self.stub_url, headers=self.headers)
             data: dict[str, Any] = {"runtimeURL": self.runtime_url}
             if token:
                 data["token"] = token

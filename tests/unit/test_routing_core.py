@@ -26,7 +26,7 @@ from adapter.routing.policy import PolicyEngine
 from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
-from adapter.sessions.mailbox import Mailbox, Parcel
+from adapter.sessions.mailbox import Mailbox, Parcel, Waiting
 from adapter.sessions.session import Attachment, Session
 from adapter.sessions.upstream import Pending, Upstream
 from adapter.stub.protocol import BadHello, parse_hello, split_numbered
@@ -351,7 +351,7 @@ def ingress_for(
         lambda origin: marks.get(origin, 0),
         metrics(),
         quotas or QuotaConfig(),
-        lambda session_id: (waiting or {}).get(session_id, 0),
+        lambda session_id, _sender: Waiting((waiting or {}).get(session_id, 0), 0),
         backpressure_timeout=0.01,
     )
 

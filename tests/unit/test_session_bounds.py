@@ -102,14 +102,37 @@ def registry(
     return made, evicted
 
 
-async def test_detached_sessions_beyond_the_bound_are_released_oldest_first() -> None:
+async def test_detached_sessions_beyond_the_bound_are_released_newest_unused_first() -> None:
+    # Issue 41 row 5: a flood of new sessions evicts its own, never the runtimes already away
+    # (the longest detached, which an honest runtime briefly away is, went first before).
     sessions, evicted = registry(max_detached=3)
     for i in range(5):
         attachment = await sessions.attach(f"runtime://d/{i}", Link(), None, None)
         await sessions.detach(attachment)
     await asyncio.sleep(0.05)
     assert len(evicted) == 2
-    assert [s.runtime_url for s in sessions] == [f"runtime://d/{i}" for i in (2, 3, 4)]
+    assert [s.runtime_url for s in sessions] == [f"runtime://d/{i}" for i in (0, 1, 2)]
+
+
+async def test_a_used_session_outlasts_newer_unused_ones_and_older_used_ones() -> None:
+    sessions, evicted = registry(max_detached=3)
+    for i in range(3):
+        attachment = await sessions.attach(f"runtime://d/{i}", Link(), None, None)
+        attachment.session.used = i != 1  # 0 and 2 sent something; 1 never did
+        await sessions.detach(attachment)
+    # A fourth, used: the unused one goes, though it is older.
+    attachment = await sessions.attach("runtime://d/3", Link(), None, None)
+    attachment.session.used = True
+    await sessions.detach(attachment)
+    await asyncio.sleep(0.05)
+    assert sorted(s.runtime_url for s in sessions) == [f"runtime://d/{i}" for i in (0, 2, 3)]
+    # Among used ones, the newest goes.
+    attachment = await sessions.attach("runtime://d/4", Link(), None, None)
+    attachment.session.used = True
+    await sessions.detach(attachment)
+    await asyncio.sleep(0.05)
+    assert sorted(s.runtime_url for s in sessions) == [f"runtime://d/{i}" for i in (0, 2, 3)]
+    assert len(evicted) == 2
 
 
 async def test_a_replaced_stub_instance_and_a_released_session_retire_their_origins() -> None:

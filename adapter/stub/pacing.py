@@ -1,0 +1,60 @@
+"""Pacing of what one stub connection sends: messages per second and bytes per second.
+
+A token bucket each, with a burst a runtime may send at full speed. A frame beyond the rate is
+not refused: the connection's socket is simply not read until the rate allows it (TCP then slows
+the sender), so nothing the runtime sent is lost and one sender's flood takes no more of the
+node than its rate. A crowd of honest runtimes, each sending a few messages a second, never
+meets the defaults (config.example.yaml, ``stub.messages_per_second``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; taking beyond what is there leaves a debt,
+    and the wait before the next take is how long paying it back takes."""
+
+    __slots__ = ("_burst", "_clock", "_rate", "_stamp", "_tokens")
+
+    def __init__(
+        self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._clock = clock
+        self._tokens = burst
+        self._stamp = clock()
+
+    def take(self, amount: float) -> float:
+        """Take ``amount``; the seconds to wait before going on (0 within the rate)."""
+        if self._rate <= 0:
+            return 0.0
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        self._tokens -= amount
+        return 0.0 if self._tokens >= 0 else -self._tokens / self._rate
+
+
+class Pace:
+    """A connection's two buckets: messages and bytes."""
+
+    __slots__ = ("_bytes", "_messages")
+
+    def __init__(
+        self,
+        messages_per_second: float,
+        messages_burst: int,
+        bytes_per_second: float,
+        bytes_burst: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._messages = TokenBucket(messages_per_second, messages_burst, clock)
+        self._bytes = TokenBucket(bytes_per_second, bytes_burst, clock)
+
+    def take(self, size: int) -> float:
+        """One frame of ``size`` bytes: the seconds to wait before reading the next."""
+        return max(self._messages.take(1), self._bytes.take(size))

@@ -1,0 +1,263 @@
+"""One client never crowds out the rest (issue 41 rows 3, 4, 5, 7), through the real Synapse.
+
+Each test configures small bounds, lets one client go at them, and checks that it is refused
+with a coded answer and counted, and that an honest runtime beside it keeps its session, its
+messages and its place. The test process is every client's host; a hostile host is told apart
+through a trusted proxy's X-Forwarded-For, as a deployment behind a proxy would."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from ..conftest import Databases, NodeFactory
+from ..support.runtime import PyRuntime, stub_url
+
+pytestmark = [pytest.mark.integration]
+D = "mn.test"
+SM = f"domain://msg-node.{D}/sm"
+ALLOCATION = f"domain://msg-node.{D}/hyperty-address-allocation"
+ELSEWHERE = {"X-Forwarded-For": "10.9.9.9"}
+
+
+def _metric(node: Any, name: str, **labels: str) -> float:
+    value = node.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+async def _until(check: Any, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+def _runtime(node: Any, name: str, headers: dict[str, str] | None = None) -> PyRuntime:
+    runtime = PyRuntime(stub_url(node), f"runtime://{D}/{name}", acked=True)
+    runtime.headers = dict(headers or {})
+    return runtime
+
+
+def _answered(runtime: PyRuntime) -> int | None:
+    answer = runtime.connect_answer
+    return answer.get("response") if answer is not None else None
+
+
+async def _ping(sender: PyRuntime, receiver: PyRuntime, a: str, b: str, tag: str) -> None:
+    await sender.send({"id": tag, "type": "ping", "from": a, "to": b, "body": {"tag": tag}})
+    got = await receiver.receive(10)
+    assert got["body"]["tag"] == tag, got
+
+
+async def test_sessions_and_addresses_are_bounded_per_client(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Row 3: one host opening sessions with fresh runtimeURLs and allocating in each is held
+    to its bounds (429, counted), whatever address it allocates or claims; an honest runtime of
+    another host still connects, allocates and routes."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{
+            "stub.trusted_proxies": ["127.0.0.1"],
+            "stub.max_sessions_per_client": 3,
+            "quotas.addresses_per_client": 25,
+        },
+    )
+    flood = [_runtime(node, f"flood-{i}", ELSEWHERE) for i in range(4)]
+    alice, bob = _runtime(node, "alice"), _runtime(node, "bob")
+    try:
+        for runtime in flood:
+            await runtime.connect()
+        assert [_answered(r) for r in flood] == [200, 200, 200, 429]
+        refused = ("rethink_mn_bound_refusals_total",)
+        assert _metric(node, *refused, resource="sessions", scope="client") == 1
+        await flood[0].allocate(D, number=10, key="block")
+        await flood[1].allocate(D, number=10)
+        await flood[2].allocate(D, number=5)
+        answer = await flood[2].request(
+            ALLOCATION, "create", {"scheme": "hyperty", "value": {"number": 1}}
+        )
+        assert answer["body"]["code"] == 429, answer
+        # Nor does an address it makes itself get past the bound (services/allocation.py claim).
+        guid = f"hyperty://{D}/5d2f0c1e-7a4b-4c3d-8e9f-0a1b2c3d4e5f"
+        answer = await flood[2].request(SM, "subscribe", {"resources": [guid]})
+        assert answer["body"]["code"] == 429, answer
+        assert _metric(node, *refused, resource="addresses", scope="client") == 2
+        # What it lets go, it may take again.
+        answer = await flood[0].request(ALLOCATION, "delete", {"resource": "block"})
+        assert answer["body"]["code"] == 200, answer
+        await flood[2].allocate(D, number=10)
+        # Another host is not held to that host's bounds.
+        await alice.connect()
+        await bob.connect()
+        assert (_answered(alice), _answered(bob)) == (200, 200)
+        [a] = await alice.allocate(D, number=1)
+        [b] = await bob.allocate(D, number=1)
+        await _ping(alice, bob, a, b, "honest")
+    finally:
+        for runtime in (*flood, alice, bob):
+            await runtime.close()
+
+
+async def test_a_forwarded_header_is_believed_only_from_a_trusted_proxy(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    node = await start_node(
+        await databases.migrated_sqlite(), **{"stub.max_sessions_per_client": 2}
+    )
+    runtimes = [_runtime(node, f"forged-{i}", {"X-Forwarded-For": f"10.0.0.{i}"}) for i in range(3)]
+    try:
+        for runtime in runtimes:
+            await runtime.connect()
+        # No proxy is trusted: all three are the test's own host, whatever they claim.
+        assert [_answered(r) for r in runtimes] == [200, 200, 429]
+    finally:
+        for runtime in runtimes:
+            await runtime.close()
+
+
+async def test_a_socket_without_a_handshake_is_closed_and_counted(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Row 4: sockets that never send {cmd:'connect'} count against their host, show in the
+    connection metric, and are closed after stub.handshake_seconds; an honest runtime then
+    connects."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{"stub.handshake_seconds": 1.0, "stub.max_connections_per_client": 3},
+    )
+    http = aiohttp.ClientSession()
+    honest = _runtime(node, "honest")
+    try:
+        idle = [await http.ws_connect(stub_url(node), heartbeat=None) for _ in range(3)]
+        handshaking = ("rethink_mn_stub_connections",)
+        assert _metric(node, *handshaking, state="handshaking") == 3
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(stub_url(node))
+        assert refused.value.status == 429
+        assert _metric(
+            node, "rethink_mn_bound_refusals_total", resource="connections", scope="client"
+        )
+        for ws in idle:
+            # Heartbeats are answered, yet the node closes it: no handshake came.
+            closed = await ws.receive(timeout=30)
+            assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), closed
+            assert ws.close_code == 1008, ws.close_code
+        assert _metric(node, "rethink_mn_stub_handshake_timeouts_total") == 3
+        await _until(lambda: _metric(node, *handshaking, state="handshaking") == 0)
+        await honest.connect()
+        assert _answered(honest) == 200
+        assert _metric(node, *handshaking, state="attached") == 1
+    finally:
+        await honest.close()
+        await http.close()
+
+
+async def test_a_flood_of_new_sessions_never_evicts_a_runtime_briefly_away(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Row 5: beyond stub.max_detached_sessions the node released the longest detached, i.e.
+    the honest runtime away for a moment: its session, its addresses and what was kept for it.
+    Now the newest never-used sessions go first."""
+    node = await start_node(await databases.migrated_sqlite(), **{"stub.max_detached_sessions": 3})
+    honest, alice = _runtime(node, "away"), _runtime(node, "alice")
+    flood = [_runtime(node, f"new-{i}") for i in range(6)]
+    try:
+        await honest.connect()
+        await alice.connect()
+        [h] = await honest.allocate(D)
+        [a] = await alice.allocate(D)
+        await _ping(honest, alice, h, a, "before")
+        await honest.drop()
+        await alice.send({"id": "kept", "type": "ping", "from": a, "to": h, "body": {"tag": "k"}})
+        session = node.sessions.by_runtime(honest.runtime_url)
+        assert session is not None
+        await _until(lambda: session.mailbox.waiting_bytes > 0)
+        for runtime in flood:
+            await runtime.connect()
+            await runtime.drop()
+        await _until(lambda: _metric(node, "rethink_mn_sessions_evicted_total") >= 4)
+        await honest.connect()
+        assert honest.connect_answer is not None
+        assert honest.connect_answer["data"]["session"] == "resumed", honest.connect_answer
+        assert (await honest.receive(10))["body"]["tag"] == "k"
+        await _ping(alice, honest, a, h, "after")
+    finally:
+        for runtime in (honest, alice, *flood):
+            await runtime.close()
+
+
+async def test_anonymous_sessions_displace_none_when_the_node_is_full(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{
+            "stub.trusted_proxies": ["127.0.0.1"],
+            "stub.max_sessions": 3,
+            "stub.max_sessions_per_client": 3,
+        },
+    )
+    honest = _runtime(node, "away")
+    flood = [_runtime(node, f"anon-{i}", ELSEWHERE) for i in range(3)]
+    try:
+        await honest.connect()
+        await honest.drop()
+        for runtime in flood:
+            await runtime.connect()
+            await runtime.drop()
+        assert [_answered(r) for r in flood] == [200, 200, 503]
+        assert _metric(node, "rethink_mn_bound_refusals_total", resource="sessions", scope="total")
+        await honest.connect()
+        assert honest.connect_answer is not None
+        assert honest.connect_answer["data"]["session"] == "resumed", honest.connect_answer
+    finally:
+        for runtime in (honest, *flood):
+            await runtime.close()
+
+
+async def test_one_sender_filling_an_away_runtimes_inbox_leaves_room_for_the_others(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Row 7: one sender used to fill quotas.waiting_bytes of a runtime that is away, and then
+    every other sender to it was refused 413. Now each sender has its share."""
+    node = await start_node(
+        await databases.migrated_sqlite(), **{"quotas.waiting_bytes": 64 * 1024}
+    )
+    bob, mallory, alice = _runtime(node, "bob"), _runtime(node, "mallory"), _runtime(node, "al")
+    try:
+        for runtime in (bob, mallory, alice):
+            await runtime.connect()
+        [b] = await bob.allocate(D)
+        [m] = await mallory.allocate(D)
+        [a] = await alice.allocate(D)
+        await bob.drop()
+        session = node.sessions.by_runtime(bob.runtime_url)
+        assert session is not None
+        refusal = None
+        for i in range(40):
+            before = session.mailbox.waiting_bytes
+            await mallory.send(
+                {"id": f"m{i}", "type": "ping", "from": m, "to": b, "body": {"x": "x" * 4000}}
+            )
+            await _until(
+                lambda before=before: (
+                    session.mailbox.waiting_bytes > before or not mallory.inbox.empty()
+                )
+            )
+            if not mallory.inbox.empty():
+                refusal = await mallory.inbox.get()
+                break
+        assert refusal is not None and refusal["body"]["code"] == 413, refusal
+        assert "sender" in refusal["body"]["desc"], refusal
+        await alice.send({"id": "a1", "type": "ping", "from": a, "to": b, "body": {"tag": "al"}})
+        await bob.connect()
+        received = []
+        while not received or received[-1]["body"].get("tag") != "al":
+            received.append(await bob.receive(10))
+        assert all(r["from"] == m for r in received[:-1])
+    finally:
+        for runtime in (bob, mallory, alice):
+            await runtime.close()
