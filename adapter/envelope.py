@@ -10,7 +10,6 @@ beyond 2^53, unicode escapes, key order) arrives byte for byte.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,12 +33,22 @@ KNOWN_TYPES = frozenset(
         "execute",
     }
 )
-# Bounds of a message's header (docs/stub-protocol.md, "Bounds"); the body is bounded by the
-# frame size and by the JSON parser's nesting limit (1024).
+# Bounds of a message (docs/stub-protocol.md, "Bounds"), checked once where it enters (a stub's
+# frame, a peer domain's message) and set by the weakest consumer on any path it takes.
 MAX_ADDRESS_BYTES = 1024
 MAX_ID_BYTES = 1024
 MAX_TYPE_LENGTH = 64
 MAX_DESTINATIONS = 256
+# An integer id is echoed in every answer and compared with the answer a runtime sends back: a
+# JavaScript runtime holds integers exactly only within ±(2^53 - 1), as Matrix's canonical JSON
+# does. A fraction (1.5) is no id a runtime's bus makes, and compares unreliably once rounded.
+MAX_ID_NUMBER = 2**53 - 1
+# Nesting levels of a whole message (its object is level 1). The weakest consumer is orjson's
+# writer, which refuses more than 254 levels: the export and the dashboard write a message's
+# parts again, and the node's own records (a registry entry, an answer) wrap what a runtime sent
+# in a few levels of their own. Half of it leaves that room many times over; reTHINK's data
+# objects nest a handful of levels.
+MAX_NESTING = 128
 
 
 class InvalidMessage(Exception):
@@ -56,7 +65,9 @@ class InvalidMessage(Exception):
 @dataclass(slots=True)
 class Message:
     raw: str
-    id: str | int | float
+    # As the runtime wrote it: the one parse reads a string, or an integer within the id's
+    # bound, exactly (check_header refuses any other).
+    id: str | int
     type: str  # lowercased
     from_: str
     to: tuple[str, ...]
@@ -65,6 +76,32 @@ class Message:
     @property
     def to_first(self) -> str:
         return self.to[0]
+
+
+# The most levels orjson writes: it refuses a 255th.
+WRITER_DEPTH = 254
+
+
+def nesting_exceeds(value: Any, limit: int = MAX_NESTING, raw: str | None = None) -> bool:
+    """Whether ``value`` (a parsed JSON value) nests deeper than ``limit`` levels. ``raw``, its
+    text, lets most messages skip the check: fewer brackets than levels cannot nest too deep.
+
+    The weakest writer checks it, in C: inside ``WRITER_DEPTH - limit`` levels of its own, the
+    value is writable exactly when it nests at most ``limit`` levels. (A walk in Python took
+    38 ms of the event loop for a 0.8 MB message of 120,000 small objects; this takes a few.)"""
+    if raw is not None and raw.count("[") + raw.count("{") <= limit:
+        return False
+    if not isinstance(value, dict | list):
+        return False
+    wrapped: Any = value
+    for _ in range(WRITER_DEPTH - limit):
+        wrapped = [wrapped]
+    try:
+        orjson.dumps(wrapped)
+    except orjson.JSONEncodeError as exc:
+        # What orjson parsed it writes again, but for its depth.
+        return "Recursion" in str(exc)
+    return False
 
 
 def parse(raw: str, parsed: Any = None) -> Message:
@@ -84,10 +121,7 @@ def loads(raw: str | bytes) -> Any:
 
 
 def dumps(value: Any) -> str:
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # an integer beyond 64 bits, echoed from a request id
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return orjson.dumps(value).decode()
 
 
 # A NUL character: JSON carries it only escaped, and an escaped backslash before "u0000" is
@@ -112,8 +146,10 @@ def check_header(raw: str, obj: dict[str, Any]) -> Message:
     problem = spelling_problem(sender)
     if problem is not None:
         raise InvalidMessage(400, f"'from': {problem}", obj)
-    if isinstance(msg_id, bool) or not isinstance(msg_id, str | int | float):
-        raise InvalidMessage(400, _field_problem("id", msg_id, "a string or a number"), obj)
+    if isinstance(msg_id, bool) or not isinstance(msg_id, str | int):
+        raise InvalidMessage(400, _field_problem("id", msg_id, _ID_EXPECTED), obj)
+    if isinstance(msg_id, int) and not -MAX_ID_NUMBER <= msg_id <= MAX_ID_NUMBER:
+        raise InvalidMessage(400, f"'id' must be {_ID_EXPECTED}", obj)
     if isinstance(msg_id, str) and len(msg_id.encode()) > MAX_ID_BYTES:
         raise InvalidMessage(400, f"'id' is longer than {MAX_ID_BYTES} bytes", obj)
     if not isinstance(msg_type, str) or not msg_type or len(msg_type) > MAX_TYPE_LENGTH:
@@ -141,7 +177,12 @@ def check_header(raw: str, obj: dict[str, Any]) -> Message:
         body = {}
     if not isinstance(body, dict):
         raise InvalidMessage(400, _field_problem("body", body, "an object"), obj)
+    if nesting_exceeds(obj, MAX_NESTING, raw):
+        raise InvalidMessage(400, f"a message must not nest deeper than {MAX_NESTING} levels", obj)
     return Message(raw, msg_id, msg_type.lower(), sender, targets, body)
+
+
+_ID_EXPECTED = f"a string or an integer within ±{MAX_ID_NUMBER}"
 
 
 def addresses(to: Any) -> tuple[str, ...]:
@@ -199,16 +240,6 @@ def response(
     )
 
 
-def exact_id(message: Message) -> str | int | float:
-    """The request id as the runtime wrote it. orjson reads integers beyond 64 bits as floats;
-    the standard parser keeps them exact, so such (rare) ids are read again from the raw text."""
-    if isinstance(message.id, float):
-        exact = json.loads(message.raw).get("id")
-        if isinstance(exact, int | float):
-            return exact
-    return message.id
-
-
 def answer(
     message: Message,
     code: int,
@@ -221,7 +252,7 @@ def answer(
     return response(
         message.from_,
         message.to_first,
-        exact_id(message),
+        message.id,
         code,
         value=value,
         desc=desc,
@@ -290,6 +321,13 @@ def _value_end(text: str, i: int) -> int:
     return i
 
 
+def body_bytes(raw: str) -> int:
+    """Bytes of the text of the top-level ``body`` of ``raw`` (a JSON object), as written: read
+    from the text, without parsing it (0 when there is none)."""
+    body, _end = _body_span(raw)
+    return 0 if body is None else len(raw[body[0] : body[1]].encode())
+
+
 def _body_span(raw: str) -> tuple[tuple[int, int] | None, int]:
     """(start, end) of the top-level `body` value (the last one, as parsers read it), and the
     index of the object's closing brace."""
@@ -303,7 +341,7 @@ def _body_span(raw: str) -> tuple[tuple[int, int] | None, int]:
         key = raw[i:key_end]
         i = _skip(raw, _skip(raw, key_end) + 1)  # past the colon
         end = _value_end(raw, i)
-        if key == '"body"' or (key.startswith('"') and "\\" in key and json.loads(key) == "body"):
+        if key == '"body"' or (key.startswith('"') and "\\" in key and orjson.loads(key) == "body"):
             body = (i, end)
         i = _skip(raw, end)
         if raw[i] == ",":

@@ -111,6 +111,7 @@ log = structlog.get_logger(__name__)
 
 TRANSACTION_RETENTION = timedelta(days=7)
 MAINTENANCE_INTERVAL = 3600.0
+KEPT_PAYLOAD_GRACE = timedelta(minutes=10)
 EXPIRY_INTERVAL = 60.0
 SHUTDOWN_FLUSH_SECONDS = 10.0
 # After the lanes are flushed at shutdown, how long live stubs get to acknowledge the last
@@ -997,12 +998,16 @@ class Node:
                 forgotten = await self._checkpoints.prune_marks(keep_marks)
                 named = timedelta(seconds=self.config.registry.builtin.names_released_for_seconds)
                 released = await self.routes.forget_released(utcnow() - named)
-                if pruned or forgotten or released:
+                # Shared texts of kept deliveries nobody waits for any more; one written in
+                # the last minutes may belong to a checkpoint still being committed.
+                swept = await self._pending.sweep(utcnow() - KEPT_PAYLOAD_GRACE)
+                if pruned or forgotten or released or swept:
                     log.info(
                         "pruned",
                         transactions=pruned,
                         sender_marks=forgotten,
                         released_addresses=released,
+                        kept_payloads=swept,
                     )
             except Exception:
                 log.exception("maintenance failed")

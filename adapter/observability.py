@@ -236,6 +236,14 @@ class NodeMetrics:
             ["stream"],
             registry=registry,
         )
+        self.failed_items = Counter(
+            "rethink_mn_failed_items_total",
+            "Messages that failed inside the node on a path that carries many together (a lane "
+            "event's delivery, a peer's event), by path: each was answered to its sender with "
+            "an error, or skipped and logged, and the others went on.",
+            ["path"],
+            registry=registry,
+        )
         self.stream_dropped = Counter(
             "rethink_mn_stream_items_dropped_total",
             "Background items (journal entries) not kept because their stream's queue was full "

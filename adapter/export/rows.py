@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from .. import carrier
-from ..envelope import addresses
+from ..envelope import addresses, body_bytes
 from ..services.allocation import ENDPOINTS as ALLOCATION_ENDPOINTS
 from ..services.allocation import flatten_addresses
 from ..services.subscriptions import requested_resources
@@ -33,8 +33,26 @@ def split_address(address: str | None) -> tuple[str | None, str | None]:
     return scheme or None, rest.split("/", 1)[0] or None
 
 
+# The integer columns' ranges (analytics/schema.py): a value beyond one would fail the whole
+# file it is written in, so it is written as null instead.
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+# The last millisecond of year 9999: a later time has no date to partition by.
+MAX_TS_MS = 253_402_300_799_999
+
+
+def int_in(value: Any, bound: int = INT32) -> int | None:
+    """``value`` when it is an integer the column holds (``bound``: INT32 or INT64), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and -bound - 1 <= value <= bound:
+        return value
+    return None
+
+
 def message_fields(text: Any) -> tuple[Row, dict[str, Any] | None]:
-    """The per-message columns, and the parsed message (None when it is not a JSON object)."""
+    """The per-message columns, and the parsed message (None when it is not a JSON object).
+    Never raises: a message the columns cannot be read from (whatever it holds, and whenever
+    it was stored) gives the row of a message that is not an object, and the event's others
+    are read as usual."""
     parsed: Any = None
     if isinstance(text, str):
         try:
@@ -43,6 +61,13 @@ def message_fields(text: Any) -> tuple[Row, dict[str, Any] | None]:
             parsed = None
     if not isinstance(parsed, dict):
         return _empty_message(), None
+    try:
+        return _fields(text, parsed), parsed
+    except Exception:  # noqa: BLE001 - one message's row, not the file's
+        return _empty_message(), None
+
+
+def _fields(text: str, parsed: dict[str, Any]) -> Row:
     msg_id = parsed.get("id")
     msg_type = parsed.get("type")
     sender = parsed.get("from")
@@ -51,7 +76,7 @@ def message_fields(text: Any) -> tuple[Row, dict[str, Any] | None]:
     from_scheme, from_domain = split_address(sender if isinstance(sender, str) else None)
     to_scheme, to_domain = split_address(targets[0] if targets else None)
     code = body.get("code") if isinstance(body, dict) else None
-    row: Row = {
+    return {
         "msg_id": None
         if msg_id is None
         else (msg_id if isinstance(msg_id, str) else orjson.dumps(msg_id).decode()),
@@ -63,14 +88,21 @@ def message_fields(text: Any) -> tuple[Row, dict[str, Any] | None]:
         "from_domain": from_domain,
         "to_scheme": to_scheme,
         "to_domain": to_domain,
-        "body_size": len(orjson.dumps(body)) if body is not None else 0,
-        "response_code": code
-        if isinstance(code, int)
-        and not isinstance(code, bool)
-        and str(msg_type).lower() == "response"
-        else None,
+        "body_size": _body_size(text, body),
+        "response_code": int_in(code) if str(msg_type).lower() == "response" else None,
     }
-    return row, parsed
+
+
+def _body_size(text: str, body: Any) -> int | None:
+    """Bytes of the body as compact JSON; for a body deeper than orjson writes (one stored
+    before the node bounded nesting where messages enter), as the sender wrote it."""
+    if body is None:
+        return 0
+    try:
+        size = len(orjson.dumps(body))
+    except orjson.JSONEncodeError:
+        size = body_bytes(text)
+    return int_in(size)
 
 
 def _empty_message() -> Row:
@@ -128,7 +160,7 @@ def addresses_affected(
     if service == "allocation" and kind == "create":
         value = body.get("value") if isinstance(body.get("value"), dict) else {}
         number = value.get("number", 1) if isinstance(value, dict) else 1
-        asked = number if isinstance(number, int) and not isinstance(number, bool) else None
+        asked = int_in(number)
         allocated = answer_body.get("value", {})
         if ok and isinstance(allocated, dict) and isinstance(allocated.get("allocated"), list):
             confirmed = len(allocated["allocated"])
@@ -150,8 +182,8 @@ async def rows_for_event(event: dict[str, Any], fetch: MediaFetcher) -> tuple[li
     is not a readable batch or journal event."""
     event_type = event.get("type")
     content = event.get("content")
-    origin = event.get("origin_server_ts")
-    if not isinstance(origin, int):
+    origin = int_in(event.get("origin_server_ts"), INT64)
+    if origin is None or not 0 <= origin <= MAX_TS_MS:
         raise carrier.CarrierError("event without origin_server_ts")
     base: Row = {
         "event_id": event.get("event_id"),
@@ -203,8 +235,8 @@ async def _routed(content: Any, fetch: MediaFetcher) -> list[tuple[Any, str | No
 
 
 def _entry_ts(entry: dict[str, Any], fallback: int) -> int:
-    ts = entry.get("ts")
-    return ts if isinstance(ts, int) and not isinstance(ts, bool) else fallback
+    ts = int_in(entry.get("ts"), INT64)
+    return ts if ts is not None and 0 <= ts <= MAX_TS_MS else fallback
 
 
 def _journal_rows(base: Row, entries: list[Any]) -> tuple[list[Row], list[Row]]:
@@ -218,7 +250,7 @@ def _journal_rows(base: Row, entries: list[Any]) -> tuple[list[Row], list[Row]]:
             ts = _entry_ts(entry, base["origin_server_ts"])
             delivered = entry.get("delivered")
             for index, count in enumerate(delivered if isinstance(delivered, list) else []):
-                if isinstance(count, int):
+                if int_in(count) is not None:
                     receipts.append(
                         {
                             "event_id": entry.get("event_id"),
@@ -247,7 +279,10 @@ def _journal_rows(base: Row, entries: list[Any]) -> tuple[list[Row], list[Row]]:
             if kind.startswith("service")
             else None
         )
-        asked, confirmed = addresses_affected(service or "", request, answer)
+        try:
+            asked, confirmed = addresses_affected(service or "", request, answer)
+        except Exception:  # noqa: BLE001 - the entry's row goes without its address count
+            asked, confirmed = None, None
         ts = _entry_ts(entry, base["origin_server_ts"])
         rows.append(
             {
@@ -268,7 +303,5 @@ def _journal_rows(base: Row, entries: list[Any]) -> tuple[list[Row], list[Row]]:
 def _affected(entry: dict[str, Any], computed: int | None) -> int | None:
     """What the node recorded it changed; older journal entries lack it, so fall back to what
     the request and answer say."""
-    affected = entry.get("affected")
-    if isinstance(affected, int) and not isinstance(affected, bool):
-        return affected
-    return computed
+    affected = int_in(entry.get("affected"))
+    return affected if affected is not None else int_in(computed)

@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import structlog
 
 from appservice.api import HomeserverClient, HomeserverUnreachable, MatrixError
 from appservice.intent import AppserviceAPI
@@ -36,6 +37,10 @@ from .admission import EventAdmission
 from .rows import Row, rows_for_event
 
 EVENT_FILTER = {"types": [carrier.BATCH_EVENT, carrier.JOURNAL_EVENT]}
+# Failures of the homeserver, not of an event: they end the run, which a next one repeats.
+PASSING = (HomeserverUnreachable, aiohttp.ClientError, TimeoutError, ConnectionError)
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -75,11 +80,31 @@ def write_parquet(rows: list[Row], schema: pa.Schema, directory: Path, name: str
     for date, part in by_date.items():
         target = directory / f"date={date}"
         target.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pylist(part, schema=schema)
+        table = _table(part, schema)
         tmp = target / f".{name}.tmp"
         pq.write_table(table, tmp)
         os.replace(tmp, target / name)
     return len(by_date)
+
+
+_UNCONVERTIBLE = (pa.ArrowException, TypeError, ValueError, OverflowError)
+
+
+def _table(rows: list[Row], schema: pa.Schema) -> pa.Table:
+    """The rows as a table of ``schema``; a row its columns cannot hold (rows.py keeps every
+    value in range, so this is a guard) is left out and logged, not the file."""
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
+    except _UNCONVERTIBLE:
+        kept = []
+        for row in rows:
+            try:
+                pa.Table.from_pylist([row], schema=schema)
+            except _UNCONVERTIBLE as exc:
+                log.warning("an export row left out", error=repr(exc)[:300])
+                continue
+            kept.append(row)
+        return pa.Table.from_pylist(kept, schema=schema)
 
 
 async def export(
@@ -212,6 +237,16 @@ async def event_rows(
             m, r = await rows_for_event(event, fetch)
         except carrier.CarrierError as exc:
             summary.skip(str(exc).split(":", 1)[0])
+            continue
+        except PASSING:
+            raise  # the homeserver away: the whole run (or cycle) comes again
+        except Exception as exc:  # noqa: BLE001 - one event's failure, not the run's
+            # Whatever an event holds (a peer's, or one stored before a bound existed), the
+            # events after it are exported: it is skipped, counted by reason and logged.
+            reason = f"failed: {type(exc).__name__}"
+            if reason not in summary.undecodable:
+                log.warning("an event could not be exported", error=repr(exc)[:300])
+            summary.skip(reason)
             continue
         messages += admission.rows(origin, m)
         receipts += r

@@ -130,6 +130,8 @@ class Refresher:
             "cycle_seconds": round(time.time() - started, 3),
             "export_seconds": round(exported_s, 3),
             "exported_events": exported.events,
+            # Events skipped by reason (each skipped alone: the cycle goes on past it).
+            "skipped_events": exported.undecodable,
             "pruned_files": pruned,
             "rows_added": rows,
             "increment_seconds": round(increment_s, 3),

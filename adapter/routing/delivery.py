@@ -13,6 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+import aiohttp
+import structlog
+
+from appservice.api import HomeserverUnreachable
+
 from ..access import AccessMonitor
 from ..carrier import Routed
 from ..envelope import InvalidMessage, answer, control_error, parse
@@ -20,11 +25,23 @@ from ..observability import NodeMetrics
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session
+from ..storage.database import unavailable as database_unavailable
 from .journal import Journal
 from .settlement import Ticket
 
+log = structlog.get_logger(__name__)
+
 # Sends a delivered message on to the peer domains it is for (routing/abroad.py ``Onward``).
 SendOn = Callable[[Routed, Ticket | None], Awaitable[None]]
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a condition of the node's surroundings that passes (the database or
+    the homeserver away a moment), not something about the message being handled: the shared
+    unit waits and goes on from that message, instead of giving the message up."""
+    return database_unavailable(exc) or isinstance(
+        exc, HomeserverUnreachable | ConnectionError | TimeoutError | aiohttp.ClientError
+    )
 
 
 class Delivery:
@@ -80,17 +97,21 @@ class Delivery:
                 self._metrics.duplicates.labels("delivery").inc()
                 delivered.append(0)
                 continue
-            if admit is not None:
-                admitted = admit(routed)
-                if admitted is None:
-                    delivered.append(0)
-                    continue
-                routed = admitted
+            # A failure belongs to its message: the event's other messages, of any runtime,
+            # go on. Only a condition that passes (the database away) stops the event here,
+            # and its lane goes on from this message once it has passed.
+            try:
+                reached = await self._deliver_item(routed, ticket, admit)
+            except Exception as exc:
+                if passing(exc):
+                    raise
+                reached = await self._item_failed(routed, exc)
+            if reached is None:
+                delivered.append(0)
+                continue
+            delivered.append(reached)
             # Marked once handed to its mailboxes: an event delivered again after a failure
             # here skips what was handed on before it, and no more.
-            delivered.append(await self._deliver_one(routed, ticket))
-            if self._send_on is not None:
-                await self._send_on(routed, ticket)
             marks[origin] = routed.oseq
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq
@@ -102,29 +123,74 @@ class Delivery:
         if arrived is not None:
             self._metrics.route_seconds.observe(time.monotonic() - arrived)
 
+    async def _deliver_item(
+        self,
+        routed: Routed,
+        ticket: Ticket | None,
+        admit: Callable[[Routed], Routed | None] | None,
+    ) -> int | None:
+        """How many runtimes one message reached; None when ``admit`` did not admit it."""
+        if admit is not None:
+            admitted = admit(routed)
+            if admitted is None:
+                return None
+            routed = admitted
+        reached = await self._deliver_one(routed, ticket)
+        if self._send_on is not None:
+            await self._send_on(routed, ticket)
+        return reached
+
+    async def _item_failed(self, routed: Routed, exc: Exception) -> int:
+        """One message failed inside the node (a bug its content reached): logged and counted,
+        and its sender, when it is a runtime of this node, answered 500. It counts as handled:
+        handing it over again would fail again, and hold back everything behind it."""
+        self._metrics.failed_items.labels("delivery").inc()
+        log.error(
+            "delivering one message failed; the others go on",
+            origin=routed.sender.origin,
+            oseq=routed.oseq,
+            error=repr(exc)[:300],
+        )
+        sender = self._sessions.by_origin(routed.sender.origin)
+        if sender is None or sender.released:
+            return 0
+        try:
+            await self._gone(sender, routed.text, "internal error in the node delivering it", 500)
+        except Exception as again:  # noqa: BLE001 - counted above; the answer is a courtesy
+            log.error("answering a failed message failed", error=repr(again)[:300])
+        return 0
+
     def _abroad(self, to: tuple[str, ...]) -> bool:
         foreign = self._foreign
         return foreign is not None and any(foreign(address) is not None for address in to)
 
-    async def _gone(self, sender: Session, text: str, reason: str) -> None:
+    async def _gone(self, sender: Session, text: str, reason: str, code: int = 404) -> None:
         """Its destination left between the sender's message being taken and its delivery (the
-        runtime disconnected): the sender is told, as it would have been a moment earlier."""
+        runtime disconnected): the sender is told, as it would have been a moment earlier.
+        The message is read with the parser and bounds it entered through (envelope.parse),
+        and answered with the id it was read with."""
         try:
             message = parse(text)
         except InvalidMessage:
             return
         if message.type == "response":
             return  # answering a response would start a loop of error answers
-        refusal = answer(message, 404, desc=reason)
+        refusal = answer(message, code, desc=reason)
         await sender.mailbox.deliver(Parcel(refusal))
         self._journal.rejected(sender.runtime_url, text, refusal)
 
     async def unreceived(self, parcels: Sequence[Parcel]) -> None:
-        """A released session had not received these: their senders are told (404)."""
+        """A released session had not received these: their senders are told (404). Each is
+        answered on its own: one that fails is logged and counted, and the rest are told."""
         for parcel in parcels:
             sender = self._sessions.by_origin(parcel.origin or "")
-            if sender is not None and not sender.released:
+            if sender is None or sender.released:
+                continue
+            try:
                 await self._gone(sender, parcel.text, "its destination left before receiving it")
+            except Exception as exc:  # noqa: BLE001 - counted; the other senders are told
+                self._metrics.failed_items.labels("unreceived").inc()
+                log.error("telling a sender its message was not received failed", error=repr(exc))
 
     async def _deliver_one(self, routed: Routed, ticket: Ticket | None) -> int:
         sender = self._sessions.by_origin(routed.sender.origin)
@@ -138,6 +204,7 @@ class Delivery:
                 await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
             return 0
         parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)
+        parcel.shared = len(targets) > 1
         live = queued = 0
         for session_id in targets:
             session = self._sessions.get(session_id)

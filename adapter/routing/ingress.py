@@ -67,6 +67,10 @@ MAX_GIVE_BACKS = 3
 DATABASE_GIVE_BACK_SECONDS = 60.0
 
 
+# What a runtime hears of a request that took effect when the answer's value could not be
+# written (its code stands).
+ANSWER_NOT_WRITTEN = "done; the node could not write the answer's value"
+
 # The schemes of every address a service of the node has.
 _SERVICE_SCHEMES = ("domain://", "global://")
 
@@ -398,10 +402,25 @@ class Ingress:
         except Exception:
             log.exception("MN service failed", to=message.to_first, type=message.type)
             return await self._refuse(attachment, message, 500, "internal error in the MN", pending)
-        text = answer(message, reply.code, value=reply.value, desc=reply.desc, extra=reply.extra)
-        deferred = await self._answer(attachment, text, pending)
+        # The request has taken effect: whatever fails from here on must not make it look
+        # refused (a 500 to its sender, "rejected" in the journal) while its write stands.
+        try:
+            text = answer(
+                message, reply.code, value=reply.value, desc=reply.desc, extra=reply.extra
+            )
+        except Exception:
+            log.exception("an MN service's answer could not be written", to=message.to_first)
+            self._metrics.failed_items.labels("service_answer").inc()
+            text = answer(message, reply.code, desc=ANSWER_NOT_WRITTEN)
         self._journal.service(session.runtime_url, message.raw, text, reply.affected)
         self._metrics.messages_in.labels("service").inc()
+        try:
+            deferred = await self._answer(attachment, text, pending)
+        except Exception:
+            # Done all the same: sent again, the request would take effect twice.
+            log.exception("an MN service's answer could not be delivered", to=message.to_first)
+            self._metrics.failed_items.labels("service_answer").inc()
+            deferred = False
         if reply.then is not None:
             try:
                 await reply.then()

@@ -30,14 +30,17 @@ from ..carrier import LaneEncoder, Routed
 from ..observability import NodeMetrics
 from ..sessions.session import Session
 from ..sessions.upstream import Pending, Upstream
-from .delivery import Delivery
+from .delivery import Delivery, passing
 from .settlement import LaneLedger, Ticket
 from .stream import BatchStream, OnRefused, StreamLimits, Traffic
 
 log = structlog.get_logger(__name__)
 
-# Delivering one lane event is tried this many times before it is given up (counted).
+# Delivering one lane event is tried this many times before it is given up (counted), unless
+# what fails is a condition that passes (delivery.passing): that is waited out, backing off to
+# this many seconds between tries.
 DELIVERY_ATTEMPTS = 3
+PASSING_WAIT_MAX = 5.0
 
 
 @dataclass(slots=True)
@@ -226,18 +229,28 @@ class Lane(StreamOutbox):
             self._delivering = None
 
     async def _deliver_event(self, routed: list[Routed], ticket: Ticket, sent_at: float) -> None:
-        """A failure while delivering (a database call of a mailbox) is retried: what was
-        handed on before it is not handed on again. A failure that lasts is a bug: the event is
-        settled as it stands, so that it does not hold the lane's position back for ever (a
-        restart of the node replays it from the room), and counted."""
-        for attempt in range(1, DELIVERY_ATTEMPTS + 1):
+        """A message that fails is answered to its sender inside the delivery, and the event's
+        others go on (delivery.py). What reaches here failed for the event as a whole: a
+        condition that passes (the database away) is waited out, and delivery goes on from the
+        message it stopped at (what was handed on before it is not handed on again). Anything
+        else is a bug: tried again a few times, then the event is settled as it stands, so
+        that it does not hold the lane's position back for ever (a restart of the node
+        replays it from the room), and counted."""
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 await self._delivery.deliver(routed, ticket, sent_at)
                 return
-            except Exception:
+            except Exception as exc:
+                if passing(exc):
+                    log.warning("delivery of a lane event waits", lane=self.index, error=repr(exc))
+                    await asyncio.sleep(min(0.1 * 2**attempt, PASSING_WAIT_MAX))
+                    continue
                 log.exception("delivery of a lane event failed", lane=self.index, attempt=attempt)
-                if attempt < DELIVERY_ATTEMPTS:
-                    await asyncio.sleep(0.1 * attempt)
+                if attempt >= DELIVERY_ATTEMPTS:
+                    break
+                await asyncio.sleep(0.1 * attempt)
         ticket.sealed = True
         self._metrics.matrix_events_in.labels("delivery_failed").inc()
 

@@ -56,7 +56,7 @@ from ..services.base import MnService, Requester, ServiceReply
 from ..services.registry import domain_registry_address, is_service_address, node_addresses
 from ..storage.remote import RemoteSubscriptionStore
 from .abroad import PEER_ORIGIN_PREFIX
-from .delivery import Delivery
+from .delivery import Delivery, passing
 from .federation import Federation, event_number
 from .inbound import RetryTransaction
 from .lanes import Outbox, Outgoing
@@ -296,7 +296,16 @@ class PeerFeeds:
             if message.oseq <= through:
                 self._metrics.duplicates.labels("delivery").inc()
                 continue
-            admitted = admit(message)
+            try:
+                admitted = admit(message)
+            except Exception as exc:
+                if passing(exc):
+                    raise
+                # One message's failure: skipped (its sender is a peer's runtime), counted,
+                # and the event's others go on.
+                self._metrics.failed_items.labels("peer").inc()
+                log.error("judging a peer's message failed", error=repr(exc)[:300])
+                continue
             if admitted is None:
                 continue
             relayed[origin] = message.oseq

@@ -15,6 +15,7 @@ deliveries are all settled. docs/stub-protocol.md and docs/matrix-mapping.md say
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -46,7 +47,7 @@ class Ticket(Protocol):
 class Parcel:
     """One message as delivered: the same for every destination session."""
 
-    __slots__ = ("_frame_head", "_payload", "origin", "oseq", "text")
+    __slots__ = ("_digest", "_frame_head", "_payload", "origin", "oseq", "shared", "text")
 
     def __init__(self, text: str, origin: str | None = None, oseq: int = 0) -> None:
         self.text = text
@@ -54,8 +55,18 @@ class Parcel:
         # None for what the node itself says (its answers).
         self.origin = origin
         self.oseq = oseq
+        # Delivered to several sessions (a publication to a stream's subscribers): kept in
+        # the database once for all of them that are away (storage/pending.py).
+        self.shared = False
         self._payload: bytes | None = None
         self._frame_head: bytes | None = None
+        self._digest: str | None = None
+
+    def digest(self) -> str:
+        """The text's SHA-256 (hex), computed once however many sessions keep it."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.payload()).hexdigest()
+        return self._digest
 
     def payload(self) -> bytes:
         """The message's UTF-8 text, encoded once however many runtimes it goes to."""
@@ -162,6 +173,12 @@ class Entry:
     @property
     def event_id(self) -> str | None:
         return self.ticket.event_id if self.ticket is not None else None
+
+    @property
+    def digest(self) -> str | None:
+        """The name its text is kept under once for every session it waits for, when it is
+        shared (None: kept in its own row)."""
+        return self.parcel.digest() if self.parcel.shared else None
 
     def settle(self) -> None:
         if self.ticket is not None:

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, bindparam, delete, select, text, update
 from .clock import utcnow
 from .database import Database, upsert
 from .models import LanePosition, NodeCounter, SenderMark
-from .pending import KeptDelivery, delete_through, kept_rows, write_kept
+from .pending import KeptDelivery, delete_through, kept_payloads, kept_rows, write_kept
 
 STARTS = "starts"
 # A crowd moves a thousand marks per checkpoint: one statement that reads them all from one
@@ -96,6 +96,7 @@ class CheckpointStore:
     ) -> None:
         now = utcnow()
         rows = kept_rows(kept, now)
+        payloads = kept_payloads(kept, now)
         position_rows = [
             {"process": self._process, "room_id": room, "event_id": event, "updated_at": now}
             for room, event in positions.items()
@@ -109,7 +110,7 @@ class CheckpointStore:
             mark_statement = _MARKS_FROM_JSON
 
         def op(conn: Connection) -> None:
-            write_kept(conn, rows)
+            write_kept(conn, rows, payloads)
             delete_through(conn, deletes)
             if position_rows:
                 conn.execute(self._positions, position_rows)

@@ -203,13 +203,29 @@ class PendingDelivery(Base):
     session_id: Mapped[int] = mapped_column(ForeignKey("runtime_sessions.id", ondelete="CASCADE"))
     # The session's delivery number: only grows, also across restarts of the node.
     dseq: Mapped[int] = mapped_column(BigInteger)
-    # The reTHINK message exactly as the sender wrote it (delivered unmodified).
-    payload: Mapped[str] = mapped_column(Text)
+    # The reTHINK message exactly as the sender wrote it (delivered unmodified); NULL when it
+    # is kept once for every runtime it waits for, in ``kept_payloads`` (``payload_digest``).
+    payload: Mapped[str | None] = mapped_column(Text)
+    payload_digest: Mapped[str | None] = mapped_column(String(64), index=True)
     # Who numbered the message and its number there; NULL for the node's own answers.
     origin: Mapped[str | None] = mapped_column(String(128))
     oseq: Mapped[int] = mapped_column(BigInteger)
     event_id: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class KeptPayload(Base):
+    """A message kept for several runtimes that are away (a publication to a stream's
+    subscribers): stored once, named by its SHA-256, and referenced by each of their
+    ``pending_deliveries`` rows. Unreferenced ones are swept by the node's maintenance once
+    ``touched_at`` (its last write) is old enough that no write in flight can still refer to
+    it."""
+
+    __tablename__ = "kept_payloads"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    payload: Mapped[str] = mapped_column(Text)
+    touched_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
 
 class LanePosition(Base):

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import pytest_asyncio
 
+from adapter.envelope import MAX_ID_NUMBER
 from adapter.node import Node
 
 from ..conftest import NodeFactory
@@ -226,16 +227,21 @@ async def test_unknown_destination_is_answered_404(connect: Connect) -> None:
 
 async def test_types_are_case_insensitive_and_ids_echoed(connect: Connect) -> None:
     rt = await connect("case")
-    for msg_id in (42, "42", 12345678901234567890123):
+    for msg_id in (42, "42", MAX_ID_NUMBER, -MAX_ID_NUMBER, 12345678901234567890123, 1.5):
         answer = await rt.request(HYPERTY_EP, "CREATE", {"value": {"number": 1}}, timeout=5)
         assert answer["body"]["code"] == 200
         raw = '{"id":%s,"type":"CrEaTe","from":"%s/r","to":"%s","body":{}}' % (
-            msg_id if isinstance(msg_id, int) else f'"{msg_id}"',
+            f'"{msg_id}"' if isinstance(msg_id, str) else msg_id,
             rt.stub_address,
             HYPERTY_EP,
         )
         await rt.send(raw)
-        await rt.receive(5)
-        reply = rt.frames[-1]
+        reply = await rt.receive(5)
+        if isinstance(msg_id, float) or abs(int(msg_id)) > MAX_ID_NUMBER:
+            # Beyond what a JavaScript runtime holds exactly, or a fraction: refused where it
+            # enters (docs/stub-protocol.md, "Bounds"), with the id as it was read.
+            assert reply["body"]["code"] == 400 and reply["id"] == float(msg_id), reply
+            continue
         expected = str(msg_id) if isinstance(msg_id, int) else f'"{msg_id}"'
-        assert reply.startswith('{"id":' + expected + ',"type":"response"'), reply
+        assert rt.frames[-1].startswith('{"id":' + expected + ',"type":"response"'), reply
+        assert reply["body"]["code"] == 200

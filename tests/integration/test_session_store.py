@@ -108,6 +108,7 @@ class Kept:
     origin: str | None
     oseq: int
     event_id: str | None
+    digest: str | None = None
 
 
 async def test_deliveries_kept_for_a_session_released_meanwhile_are_dropped_not_fatal(
