@@ -139,6 +139,8 @@ class PeerFeeds:
         # Subscriptions sent to peers, by request id, until they answer them.
         self._confirmations: dict[str, asyncio.Future[Any]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # One per peer domain (the configured peers): see _subscriptions_lock.
+        self._subscription_locks: dict[str, asyncio.Lock] = {}
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -416,15 +418,17 @@ class PeerFeeds:
             return 400, f"body.source must name the {peer.domain} runtime that asks"
         if message.type == UNSUBSCRIBE and resources is None:
             # The runtime's session ended: everything it held here ends with it.
-            await self._remote.unsubscribe(peer.domain, runtime)
             self._table.unsubscribe_domain(peer.domain, runtime)
+            async with self._subscriptions_lock(peer.domain):
+                await self._remote.unsubscribe(peer.domain, runtime)
             return 200, "unsubscribed"
         if not isinstance(resources, list) or not resources:
             return 400, "body.resources must be a non-empty list of addresses"
         addresses = list(dict.fromkeys(r for r in resources if isinstance(r, str)))
         if message.type == UNSUBSCRIBE:
-            await self._remote.unsubscribe(peer.domain, runtime, addresses)
             self._table.unsubscribe_domain(peer.domain, runtime, addresses)
+            async with self._subscriptions_lock(peer.domain):
+                await self._remote.unsubscribe(peer.domain, runtime, addresses)
             return 200, "unsubscribed"
         for address in resources:
             if not isinstance(address, str) or len(address.encode()) > MAX_ADDRESS_BYTES:
@@ -435,14 +439,31 @@ class PeerFeeds:
             denied = self._policy.check_subscription(runtime, None, address)
             if denied is not None:
                 return 403, denied
-        held = await self._remote.count(peer.domain)
-        if held + len(addresses) > peer.max_subscriptions:
+        # Checked and taken in one step, before any wait: the requests of one batch run side by
+        # side, and each must see what the others took (the table is the count, kept in step
+        # with the database, which is written after).
+        new = [a for a in addresses if not self._table.remote_holds(peer.domain, runtime, a)]
+        held = self._table.remote_held(peer.domain)
+        if held + len(new) > peer.max_subscriptions:
             self._metrics.quota_refusals.labels("peer_subscriptions").inc()
             return 429, f"{peer.domain}'s runtimes hold {held} subscriptions here, the most allowed"
-        await self._remote.subscribe(peer.domain, runtime, addresses)
-        self._table.subscribe_domain(peer.domain, runtime, addresses)
         # From now on this domain's publications to them reach the peer.
+        taken = self._table.subscribe_domain(peer.domain, runtime, new)
+        try:
+            async with self._subscriptions_lock(peer.domain):
+                await self._remote.subscribe(peer.domain, runtime, addresses)
+        except BaseException:
+            self._table.unsubscribe_domain(peer.domain, runtime, taken)
+            raise
         return 200, "subscribed"
+
+    def _subscriptions_lock(self, domain: str) -> asyncio.Lock:
+        """One peer's subscription writes reach the database in the order its requests were
+        taken (an unsubscription never overtakes the subscription it ends)."""
+        lock = self._subscription_locks.get(domain)
+        if lock is None:
+            lock = self._subscription_locks[domain] = asyncio.Lock()
+        return lock
 
     def _confirmed(self, message: Message) -> None:
         waiter = self._confirmations.pop(str(message.id), None)
