@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-from sqlalchemy.exc import OperationalError
 
 from ..observability import NodeMetrics
+from ..storage.database import unavailable as database_unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -82,9 +82,13 @@ class InboundEvents:
             for consumer in self._consumers[event_type]:
                 try:
                     await consumer(txn_id, group)
-                except (RetryTransaction, OperationalError):
+                except RetryTransaction:
                     raise
-                except Exception as exc:  # noqa: BLE001 - retried, then given up (logged)
+                except Exception as exc:
+                    # A database that is away is no fault of the events, whichever path (and so
+                    # whichever error family) noticed it: never counted towards giving them up.
+                    if database_unavailable(exc):
+                        raise RetryTransaction(f"{event_type}: database unavailable") from exc
                     self._failed(txn_id, event_type, group, exc)
         self._failed_attempts.pop(txn_id, None)
 

@@ -42,7 +42,8 @@ from sqlalchemy import Engine, Insert, Select, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import StaticPool
 
 from ..private_files import SQLITE_SIDE_FILES, create_private_file, private_dir
@@ -207,9 +208,23 @@ def upsert(
 
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database could not be used just now (unreachable, restarting,
-    its connection lost, locked by another writer): a condition that passes, unlike a bug."""
+    its connection lost, locked by another writer): a condition that passes, unlike a bug.
+
+    The one test of that for every path, since each raises its own family: ``run`` raises
+    SQLAlchemy's wrappers, ``run_small``/``execute_small`` the drivers' own errors (sqlite3's,
+    psycopg's), and the pool its timeout when every connection is stuck on a server away."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
     return isinstance(
-        exc, (OperationalError, InterfaceError, psycopg.OperationalError, sqlite3.OperationalError)
+        exc,
+        (
+            OperationalError,
+            InterfaceError,
+            PoolTimeout,
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            sqlite3.OperationalError,
+        ),
     )
 
 

@@ -4,13 +4,18 @@ up so that one poisonous event cannot stop every later transaction."""
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from adapter.observability import NodeMetrics
 from adapter.routing.inbound import MAX_ATTEMPTS, InboundEvents, RetryTransaction
+from adapter.storage.database import unavailable
 
 EVENTS = [{"type": "m.test", "event_id": "$1"}, {"type": "m.other", "event_id": "$2"}]
 
@@ -60,3 +65,40 @@ async def test_a_poisonous_transaction_is_given_up_after_its_attempts() -> None:
     # Another transaction gets its own attempts.
     with pytest.raises(RetryTransaction):
         await events.handle_events("t3", EVENTS)
+
+
+def _outages() -> list[BaseException]:
+    """The database away, as each execution path reports it: SQLAlchemy's wrapper (``run``),
+    the drivers' own errors (``run_small`` and ``execute_small``), a pool with no connection."""
+    return [
+        OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked")),
+        sqlite3.OperationalError("disk I/O error"),
+        psycopg.OperationalError("server closed the connection unexpectedly"),
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+        psycopg.InterfaceError("the connection is closed"),
+        PoolTimeout("QueuePool limit reached"),
+        DBAPIError("SELECT 1", {}, ConnectionResetError(), connection_invalidated=True),
+    ]
+
+
+@pytest.mark.parametrize("outage", _outages(), ids=lambda e: type(e).__name__)
+async def test_a_database_outage_on_any_path_is_retried_and_never_given_up(
+    outage: BaseException,
+) -> None:
+    events, registry = inbound()
+
+    async def database_away(_txn: str, _group: list[dict[str, Any]]) -> None:
+        raise outage
+
+    events.subscribe("m.test", database_away)
+    # Far past the attempts a poisonous event gets: each one still fails the transaction.
+    for _ in range(MAX_ATTEMPTS * 3):
+        with pytest.raises(RetryTransaction):
+            await events.handle_events("t4", EVENTS)
+    assert counted(registry, "failed") == 0 and counted(registry, "retried") == 0
+
+
+def test_a_bug_is_not_an_outage() -> None:
+    assert not unavailable(ValueError("cannot take this event"))
+    assert not unavailable(IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE")))
+    assert not unavailable(psycopg.errors.UniqueViolation("duplicate key"))
