@@ -277,11 +277,14 @@ class PeerFeed:
             missing=f"{self._last_n + 1}..{first_held - 1}",
         )
         try:
-            if self._position is not None:
-                await self._read_forward()
-                if self._last_n + 1 in self._held:
-                    return
-            await self._read_backward()
+            # Reading only holds events: cut short at the gap's own deadline, whatever the
+            # homeserver client's retries inside would take.
+            async with asyncio.timeout(GAP_DEADLINE_SECONDS):
+                if self._position is not None:
+                    await self._read_forward()
+                    if self._last_n + 1 in self._held:
+                        return
+                await self._read_backward()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the homeserver may be away: try again later
