@@ -10,9 +10,10 @@ Four parties at once, for the whole warm-up and window:
 - ``idle``: 1,000 WebSockets that never send ``{cmd:'connect'}`` (row 4);
 - ``peer``: a peer domain's node pushes, once a second, an event of 30 ``subscribe`` requests x 5
   streams, each for a fresh runtime of its own, and unsubscribes (naming only the runtime) those
-  of the event before (rows 10 and 11). The bench has no second homeserver: the events come as
-  the homeserver's push would bring them (a transaction to the node's appservice port, with the
-  homeserver's token), from the peer's bot in a room of its own that the node adopts.
+  of the event ``PEER_HOLDS_EVENTS`` before, against a quota it reaches (rows 10 and 11). The
+  bench has no second homeserver: the events come as the homeserver's push would bring them (a
+  transaction to the node's appservice port, with the homeserver's token), from the peer's bot
+  in a room of its own that the node adopts.
 
 What each party obtained is counted beside the honest crowd's figures (bench/hostile.py), with
 the node's resident memory (sampled every second) and the node's refusals
@@ -35,7 +36,10 @@ import aiohttp
 # The bench's stand-in peer domain (configured on the node; no homeserver serves it).
 PEER_DOMAIN = "peer.bench.example"
 PEER_BOT = f"@_rethink_bot:{PEER_DOMAIN}"
-PEER_MAX_SUBSCRIPTIONS = 1_000
+PEER_MAX_SUBSCRIPTIONS = 500
+# The peer unsubscribes the runtimes of the event this many before: it holds about this many
+# events' worth (150 each), so its quota is reached and refused from the fourth event on.
+PEER_HOLDS_EVENTS = 5
 BATCH_EVENT = "eu.rethink-project.mn.batch"
 LANE_FORMAT = 2
 POISON_PER_S = 10.0
@@ -262,7 +266,7 @@ class Crowd:
         sm_a = f"domain://msg-node.{self.domain}/sm"
         sm_b = f"domain://msg-node.{PEER_DOMAIN}/sm"
         seq = itertools.count(1)
-        previous: list[str] = []
+        sent: list[list[str]] = []
         for n in itertools.count(1):
             if time.time() >= until:
                 return
@@ -271,7 +275,7 @@ class Crowd:
             ]
             texts = [
                 _peer_request(f"u{n}-{r}", "unsubscribe", sm_b, sm_a, {"source": r})
-                for r in previous
+                for r in (sent[-PEER_HOLDS_EVENTS] if len(sent) >= PEER_HOLDS_EVENTS else [])
             ]
             texts += [
                 _peer_request(
@@ -315,7 +319,7 @@ class Crowd:
             except aiohttp.ClientError:
                 self.counts["peer_transactions_failed"] += 1
             self.counts["peer_subscribe_requests"] += len(runtimes)
-            previous = runtimes
+            sent.append(runtimes)
             await asyncio.sleep(1.0)
 
     async def _sample_rss(self, until: float) -> None:
