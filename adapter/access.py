@@ -198,14 +198,21 @@ class AccessMonitor:
 
     # -- send to ------------------------------------------------------------------------------
 
-    def send_to(self, sender: int | None, address: str) -> Refusal | None:
-        """Whether the session ``sender`` (None: a peer domain) may send to ``address``, beyond
-        speaking from an address of its own."""
-        if address.endswith(REGISTRATION_SUFFIX) and (
-            sender is not None or self._in_this_domain(address)
-        ):
-            # A peer domain's node publishes its own hyperties' status, never this domain's.
-            return Refusal(403, f"'{address}' is a registration status: only the node publishes it")
+    def send_to(
+        self, sender: int | None, address: str, peer_domain: str | None = None
+    ) -> Refusal | None:
+        """Whether the session ``sender`` (None: the peer domain ``peer_domain``) may send to
+        ``address``, beyond speaking from an address of its own. A stream of publications (an
+        object's changes, a hyperty's status) has one publisher: the object's reporter, or the
+        node of the hyperty's domain; nobody else may publish there, here or for a domain of
+        its own choosing."""
+        if address.endswith(REGISTRATION_SUFFIX):
+            if sender is not None or self._in_this_domain(address):
+                return Refusal(
+                    403, f"'{address}' is a registration status: only the node publishes it"
+                )
+            if domain_of(address) != peer_domain:
+                return Refusal(403, f"'{address}': a domain publishes its own hyperties' status")
         if address.endswith(CHANGES_SUFFIX):
             parent = address[: -len(CHANGES_SUFFIX)]
             holder = self.holder(parent)
@@ -213,8 +220,15 @@ class AccessMonitor:
                 return Refusal(
                     403, f"'{address}': only the object's reporter publishes its changes"
                 )
-            if holder is None and self._in_this_domain(parent):
-                return Refusal(404, f"no data object {parent} in this domain")
+            if holder is None:
+                if self._in_this_domain(parent):
+                    return Refusal(404, f"no data object {parent} in this domain")
+                if sender is not None or domain_of(parent) != peer_domain:
+                    # Another domain's object: its reporter is there, and its changes come
+                    # from its own domain's node only.
+                    return Refusal(
+                        403, f"'{address}': only the object's reporter publishes its changes"
+                    )
         return None
 
     # -- receive at ---------------------------------------------------------------------------
@@ -330,15 +344,14 @@ class AccessMonitor:
     # -- answer -------------------------------------------------------------------------------
 
     def answer(self, to: Iterable[str], request_id: Any, address: str) -> Refusal | None:
-        """Whether a ``response`` from ``address`` to ``to`` answers a request the requester
-        sent there. A requester this process does not hold (another process of the domain, or
-        another domain, whose own node judges) is not asked."""
+        """Whether a ``response`` from ``address`` to ``to`` answers a request each requester
+        sent there: every addressee this process holds must have asked ``address``. A
+        requester this process does not hold (another process of the domain, or another
+        domain, whose own node judges) is not asked."""
         for requester in to:
             holder = self.holder(requester)
             asked = self._asked(holder) if holder is not None else None
-            if asked is not None:
-                if address in asked.went_to(request_id):
-                    return None
+            if asked is not None and address not in asked.went_to(request_id):
                 return Refusal(
                     403, f"'{address}' was not asked: a response comes from where its request went"
                 )

@@ -49,12 +49,57 @@ def invisible_character(text: str) -> str | None:
     return None
 
 
+# A host as DNS writes it, in lower case: labels of ASCII letters, digits, hyphens (and the
+# underscores some service names carry), joined by single dots. No port, no user part: a host
+# with either names the same machine to a reader (and to reTHINK's runtime, which splits
+# addresses with its own pattern) and another principal to an exact comparison.
+_HOST = re.compile(
+    r"[a-z0-9_](?:[a-z0-9_\-]{0,61}[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_\-]{0,61}[a-z0-9_])?)*"
+)
+# A percent-escape of a character that needs none (letters, digits, - . _ ~) or of a path
+# separator: either spells an address two ways, or hides a segment boundary.
+_NEEDLESS_ESCAPE = re.compile(r"%(?:[46][1-9a-fA-F]|[57][0-9aA]|3[0-9]|2[dDeEfF]|5[cCfF]|7[eE])")
+_ESCAPE = re.compile(r"%(?![0-9a-fA-F]{2})")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is not a host name in its one spelling, or None when it is."""
+    if host.endswith("."):
+        return f"{host!r}: write the host without a trailing dot"
+    if host != host.lower():
+        return f"{host!r}: write the host in lower case"
+    if "@" in host:
+        return f"{host!r}: an address holds no user part before its host"
+    if ":" in host:
+        return f"{host!r}: an address holds no port"
+    if len(host) > 253 or not _HOST.fullmatch(host):
+        return f"{host!r} is not a host name (ASCII letters, digits, '-' and '_', dot-separated)"
+    return None
+
+
+def _path_problem(path: str) -> str | None:
+    if "\\" in path:
+        return "an address holds no backslash"
+    if "?" in path or "#" in path:
+        return "an address holds no query or fragment"
+    if _ESCAPE.search(path):
+        return "a '%' in an address starts a two-digit escape"
+    if _NEEDLESS_ESCAPE.search(path):
+        return "escape in an address only what needs it (not letters, digits, - . _ ~ / \\)"
+    if any(segment in (".", "..") for segment in path.split("/")):
+        return "an address holds no '.' or '..' segment"
+    return None
+
+
 def spelling_problem(address: str) -> str | None:
     """Why ``address`` is not an address in its one canonical spelling, or None when it is.
 
-    Canonical: ``<scheme>://<host>[/<path>]`` with scheme and host in lower case, no trailing
-    dot on the host, and no invisible character anywhere. The path is kept as written (paths
-    are case-sensitive)."""
+    Canonical: ``<scheme>://<host>[/<path>]`` with scheme and host in lower case, the host a
+    plain DNS name (no trailing dot, user part or port), no invisible character anywhere, and a
+    path with no backslash, query, fragment, dot segment or needless escape. The path is kept as
+    written otherwise (paths are case-sensitive). Each of those rules closes a second spelling
+    that a URL parser (a browser's, or reTHINK's runtime splitting an address) reads as the
+    same address while an exact comparison reads another."""
     shape = _SHAPE.match(address)
     if shape is None:
         return f"{address!r} is not an address: <scheme>://<host>/… with the scheme in lower case"
@@ -64,12 +109,8 @@ def spelling_problem(address: str) -> str | None:
     invisible = invisible_character(address)
     if invisible is not None:
         return f"an address must not hold invisible or control characters ({invisible})"
-    if authority != authority.lower():
-        return f"{address!r}: write the host in lower case"
-    host = authority.rpartition("@")[2]
-    if host.rsplit(":", 1)[0].endswith(".") or host.endswith("."):
-        return f"{address!r}: write the host without a trailing dot"
-    return None
+    problem = host_problem(authority) or _path_problem(address[shape.end() :])
+    return None if problem is None else f"{address!r}: {problem}"
 
 
 def scheme_of(address: str) -> str:
@@ -79,7 +120,7 @@ def scheme_of(address: str) -> str:
 def host_of(address: str) -> str:
     """The host of a canonical address (``user://gmail.com/alice`` → ``gmail.com``)."""
     rest = address.partition("://")[2]
-    return rest.split("/", 1)[0].rpartition("@")[2]
+    return rest.split("/", 1)[0]
 
 
 def domain_of(address: str) -> str | None:

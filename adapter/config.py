@@ -28,6 +28,7 @@ from pydantic import (
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from .addresses import host_problem
 from .web_hosts import url_host
 
 # Secrets may live in the environment instead of the file (12-factor deployments, k8s secrets).
@@ -544,8 +545,11 @@ class NodeConfig(_Strict):
     @field_validator("domain")
     @classmethod
     def _domain(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9.\-]+(:[0-9]+)?", value):
-            raise ValueError(f"is not a domain name: {value!r}")
+        # Every address of the domain carries it as its host, in the one spelling addresses
+        # are accepted in (adapter/addresses.py).
+        problem = host_problem(value)
+        if problem is not None:
+            raise ValueError(f"is not a domain name: {problem}")
         return value
 
 

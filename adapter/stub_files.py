@@ -24,9 +24,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# The bundled stub, from the repository's stub_js/ (an installed wheel does not carry it: the
-# node then answers 404 for every form).
-STUB_SOURCE = Path(__file__).resolve().parents[1] / "stub_js" / "src" / "index.js"
+# The bundled stub: package data. In the repository `web/protostub.js` is a symbolic link to
+# stub_js/src/index.js, the stub's one source; building the package copies the file it names, so
+# an installed node serves the same text with no second copy to keep. (Not resolved here: the
+# link's own path is what an installed package has.)
+STUB_SOURCE = Path(__file__).parent / "web" / "protostub.js"
 
 EXPORTS_MARKER = "\n// exports:"
 # What the forms make available, as the source's exports block names it.

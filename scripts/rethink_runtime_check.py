@@ -30,8 +30,9 @@ SystemJS), and the objects in ``scripts/rethink_runtime_check/``: a stand-in ide
     .venv/bin/python scripts/rethink_runtime_check.py \\
         --runtime-browser <dev-runtime-browser snapshot> --runtime-core <dev-runtime-core snapshot>
 
-Exit status 0 when, in every runtime, Bob's stub handed his runtime every message exactly once
-and every message reached his hyperty; 1 otherwise (the report says at which level).
+Exit status 0 when, in every runtime, Bob's stub handed his runtime every message (a second time
+only when the runtime had handed it back for want of a listener: the stub's ``returned``) and
+every message reached his hyperty exactly once; 1 otherwise (the report says at which level).
 """
 
 from __future__ import annotations
@@ -404,7 +405,8 @@ async def exchange(alice: Runtime, bob: Runtime, site: Site, args: argparse.Name
         print(err)
     second_life = await bob.page.evaluate("pinger.received")
     second_handed = await bob.handed_on()
-    print(f"Bob's stub after the reload: {await bob.stub_stats()}")
+    after = await bob.stub_stats()
+    print(f"Bob's stub after the reload: {after}")
 
     sent = set(range(1, last + 1))
     ok = True
@@ -415,9 +417,19 @@ async def exchange(alice: Runtime, bob: Runtime, site: Site, args: argparse.Name
         got = got_before + got_after
         lost = sorted(sent - set(got))
         duplicated = len(got) - len(set(got))
-        ok = ok and not lost and duplicated == 0
         print(f"{level}: before the reload {got_before}, after it {got_after}")
-        print(f"  sent {last}, lost {len(lost)} {lost}, duplicated {duplicated}")
+        if level.startswith("handed"):
+            # The stub hands a message again when the runtime handed it back (no listener for
+            # its hyperty yet): counted by the stub as `returned`; only more would be duplicates.
+            again = min(duplicated, int(after.get("returned", 0)))
+            duplicated -= again
+            print(
+                f"  sent {last}, lost {len(lost)} {lost}, duplicated {duplicated}, "
+                f"handed again after the runtime handed them back {again}"
+            )
+        else:
+            print(f"  sent {last}, lost {len(lost)} {lost}, duplicated {duplicated}")
+        ok = ok and not lost and duplicated == 0
     return ok
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Second command of the README: install what the tests need and run all of them.
-# Needs: python3 (3.11+), Node.js 20 with npm, Java 17 (PySpark); installs Debian's chromium
-# for the browser tests when it is missing (as root, or through sudo).
+# Needs: python3 (3.11+), Node.js 20 with npm, Java 17 (PySpark); installs Debian's chromium,
+# nginx, caddy and systemd for the tests when missing (as root, or through sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command_started=$(date +%s)
@@ -15,10 +15,21 @@ fi
 
 scripts/bootstrap.sh --test
 
-if [[ -z "$fast" ]] && ! command -v chromium >/dev/null 2>&1; then
-  echo "== installing Debian's chromium for the browser tests"
+# Debian's packages the tests run: chromium for the browser tests, nginx and caddy for the
+# reverse-proxy tests (contrib/), systemd for `systemd-analyze verify` of contrib/systemd/.
+missing=()
+if [[ -z "$fast" ]]; then
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
+  command -v caddy >/dev/null 2>&1 || missing+=(caddy)
+fi
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+if ((${#missing[@]})); then
+  echo "== installing Debian's ${missing[*]} for the tests"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  # policy-rc.d-less machines start nginx's and caddy's own services on install: the tests
+  # run their own instances on other ports, so those may run or not.
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 echo "== npm ci (stub_js, bench driver)"

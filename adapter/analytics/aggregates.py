@@ -66,6 +66,12 @@ from adapter.analytics.schema import (
 
 MINUTE_MS: Final = 60_000
 SENDER_KINDS: Final = (KIND_ROUTED, KIND_SERVICE_REQUEST, KIND_REJECTED_REQUEST)
+# Kinds whose `from` and `to` the node admitted. A refused message's runtime is the session that
+# sent it (the node knows it), but its addresses are whatever the sender wrote: counting them
+# would let a runtime put another's hyperty at the top of the talkers, or made-up domains among
+# the peers, with messages the node refused.
+ADMITTED_KINDS: Final = (KIND_ROUTED, KIND_SERVICE_REQUEST)
+REFUSED_DOMAIN: Final = "(refused)"
 PERCENTILES: Final = (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99))
 CHURN_OPERATIONS: Final = {
     ("allocation", "create"): "allocated",
@@ -159,12 +165,16 @@ def talker_rollup(messages: DataFrame, *by: Column) -> DataFrame:
     missing `from` or `msg_id` for the summary, as this pass reads those columns anyway.
     """
     sent = F.col("kind").isin(*SENDER_KINDS)
+    admitted = F.col("kind").isin(*ADMITTED_KINDS)
+    refused = F.col("kind") == KIND_REJECTED_REQUEST
     return messages.groupBy(
         *by,
-        "from_domain",
-        "to_domain",
+        F.when(refused, F.lit(REFUSED_DOMAIN)).otherwise(F.col("from_domain")).alias("from_domain"),
+        F.when(refused, F.lit(REFUSED_DOMAIN)).otherwise(F.col("to_domain")).alias("to_domain"),
         F.when(sent, F.col("runtime")).alias("sender_runtime"),
-        F.when(sent & (F.col("from_scheme") == "hyperty"), F.col("from")).alias("sender_hyperty"),
+        F.when(admitted & (F.col("from_scheme") == "hyperty"), F.col("from")).alias(
+            "sender_hyperty"
+        ),
     ).agg(
         _count().alias("rows"),
         _sum_long("body_size").alias("bytes"),

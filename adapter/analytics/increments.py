@@ -225,9 +225,9 @@ def increment(
     talkers = agg.talker_rollup(messages, _minute("ts"))
     for column in ("from_domain", "to_domain"):
         talkers = agg.fold_rare(talkers, column, F.col("rows"), PARTIAL_LIMIT)
-    # A runtime chooses the `from` of a request the node refuses: only the cycle's heaviest
-    # senders are kept by address (a top-talker list needs no more), or one runtime could
-    # fill the window with addresses. Their messages still count in domain traffic.
+    # Only the cycle's heaviest senders are kept by address (a top-talker list needs no more),
+    # or a crowd of runtimes could fill the window with addresses. Their messages still count
+    # in domain traffic.
     for column in ("sender_runtime", "sender_hyperty"):
         talkers = agg.fold_rare(talkers, column, F.col("rows"), PARTIAL_LIMIT, rest=None)
     return {

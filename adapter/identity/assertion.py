@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import jwt
 
+from ..addresses import host_of, spelling_problem
 from .model import Identity, ascii_lower, identity_name, user_url_from_email
 
 AssertionOutcome = Literal["match", "mismatch", "absent", "unverified"]
@@ -173,6 +174,11 @@ def asserted_domains(body: Mapping[str, Any]) -> frozenset[str] | None:
         names, idp = _asserted(body)
     except _Malformed:
         return None
+    if any("://" in name and spelling_problem(name) is not None for name in names):
+        # A user URL in a second spelling (a user part, a port, a backslash) names one domain
+        # to the node and another to a runtime that splits it its own way: nobody may vouch
+        # for it.
+        return None
     domains = {_name_domain(name) for name in names}
     if idp is not None:
         domains.add(ascii_lower(idp))
@@ -181,8 +187,7 @@ def asserted_domains(body: Mapping[str, Any]) -> frozenset[str] | None:
 
 def _name_domain(name: str) -> str:
     if "://" in name:
-        authority = name.partition("://")[2].split("/", 1)[0].rpartition("@")[2]
-        return ascii_lower(authority.split(":", 1)[0])
+        return host_of(name)
     if name.startswith("@") and ":" in name:
         return ascii_lower(name.split(":", 1)[1])
     return ascii_lower(name.rpartition("@")[2])

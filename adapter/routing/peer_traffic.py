@@ -153,7 +153,8 @@ class PeerFeeds:
         # Per peer domain, the rooms followed or being joined (bounded by its max_rooms).
         self._rooms_of: dict[str, set[str]] = {}
         # Subscriptions sent to peers, by request id, until they answer them.
-        self._confirmations: dict[str, asyncio.Future[Any]] = {}
+        # Keyed by (peer domain, request id): only the peer a request went to confirms it.
+        self._confirmations: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._background: set[asyncio.Task[None]] = set()
         # Which of each peer's sender ids keep their marks (bounded: peer_origins.py).
         self._origins = PeerOrigins(
@@ -409,7 +410,7 @@ class PeerFeeds:
             self._metrics.messages_in.labels("peer_foreign_sender").inc()
             return None
         for address in message.to:
-            refused = self._monitor.send_to(None, address)
+            refused = self._monitor.send_to(None, address, peer.domain)
             if refused is not None:
                 if message.type != "response":
                     self._answer(peer, message, refused.code, refused.reason)
@@ -424,7 +425,7 @@ class PeerFeeds:
             f"domain://msg-node.{peer.domain}/"
         ):
             if message.type == "response":
-                self._confirmed(message)
+                self._confirmed(peer, message)
             else:
                 self._spawn(self._peer_subscription(peer, message))
             return None
@@ -551,8 +552,8 @@ class PeerFeeds:
             lock = self._subscription_locks[domain] = asyncio.Lock()
         return lock
 
-    def _confirmed(self, message: Message) -> None:
-        waiter = self._confirmations.pop(str(message.id), None)
+    def _confirmed(self, peer: Peer, message: Message) -> None:
+        waiter = self._confirmations.pop((peer.domain, str(message.id)), None)
         if waiter is not None and not waiter.done():
             waiter.set_result(message.body)
 
@@ -584,7 +585,7 @@ class PeerFeeds:
             )
             if kind == SUBSCRIBE:
                 waiter = asyncio.get_running_loop().create_future()
-                self._confirmations[request_id] = waiter
+                self._confirmations[(domain, request_id)] = waiter
                 waiting.append((domain, request_id, waiter))
             await self.send_as_node(domain, text, (subscription_manager(domain),))
         refusal: str | None = None
@@ -595,7 +596,7 @@ class PeerFeeds:
                 log.warning("peer has not confirmed a subscription yet", peer=domain)
                 continue
             finally:
-                self._confirmations.pop(request_id, None)
+                self._confirmations.pop((domain, request_id), None)
             code = body.get("code") if isinstance(body, dict) else None
             if code != 200:
                 desc = body.get("desc") if isinstance(body, dict) else None

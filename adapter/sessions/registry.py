@@ -355,7 +355,7 @@ class SessionRegistry:
         # runtime's connection at its holder, which no one else may do to it.
         session = self._from_row(row, self._epoch, {}, utcnow())
         if token is not None:
-            if self._tokens.verify(token, runtime_url).session_id != row.id:
+            if not self._tokens.verify(token, runtime_url).names(row.id, row.claim):
                 raise TokenRejected("session token names a session that no longer exists")
             self._admit_with_token(session, identity)
         else:
@@ -373,7 +373,7 @@ class SessionRegistry:
                     await asyncio.sleep(0.02)
 
     def token_for(self, session: Session) -> str:
-        return self._tokens.issue(session.id, session.runtime_url)
+        return self._tokens.issue(session.id, session.runtime_url, session.claim)
 
     def check_token(self, runtime_url: str, token: str) -> None:
         """Raise TokenRejected unless ``token`` names the live session of ``runtime_url``. A
@@ -382,8 +382,7 @@ class SessionRegistry:
         current = self._by_runtime.get(runtime_url)
         if current is None:
             return
-        claim = self._tokens.verify(token, runtime_url)
-        if current.id != claim.session_id:
+        if not self._tokens.verify(token, runtime_url).names(current.id, current.claim):
             raise TokenRejected("session token names a session that no longer exists")
 
     async def attach(
@@ -494,7 +493,7 @@ class SessionRegistry:
         elif not kept.protected:
             return  # a stub that never had a token: its runtimeURL was anybody's to take
         if token is not None:
-            if self._tokens.verify(token, kept.runtime_url).session_id != kept.session_id:
+            if not self._tokens.verify(token, kept.runtime_url).names(kept.session_id, kept.claim):
                 raise TokenRejected("session token names a session that no longer exists")
             return
         raise SessionRefused(

@@ -20,6 +20,13 @@ class TokenRejected(Exception):
 class SessionClaim:
     session_id: int
     runtime_url: str
+    # The random claim the session holds its runtimeURL under (a credential's, kept across its
+    # sessions): session ids alone are reused by the database once a session's row is gone, so a
+    # token naming only the id would name whichever session got that id next.
+    claim: str
+
+    def names(self, session_id: int, claim: str) -> bool:
+        return self.session_id == session_id and secrets.compare_digest(self.claim, claim)
 
 
 class SessionTokens:
@@ -28,12 +35,13 @@ class SessionTokens:
         self.secret = secret or secrets.token_urlsafe(32)
         self._lifetime = lifetime_seconds
 
-    def issue(self, session_id: int, runtime_url: str) -> str:
+    def issue(self, session_id: int, runtime_url: str, claim: str) -> str:
         now = int(time.time())
         claims = {
             "iss": ISSUER,
             "sub": runtime_url,
             "sid": session_id,
+            "clm": claim,
             "iat": now,
             "exp": now + self._lifetime,
         }
@@ -46,7 +54,7 @@ class SessionTokens:
                 self.secret,
                 algorithms=[ALGORITHM],
                 issuer=ISSUER,
-                options={"require": ["exp", "sub", "sid", "iss"]},
+                options={"require": ["exp", "sub", "sid", "clm", "iss"]},
             )
         except jwt.ExpiredSignatureError:
             raise TokenRejected("session token expired") from None
@@ -54,6 +62,6 @@ class SessionTokens:
             raise TokenRejected(f"invalid session token: {exc}") from None
         if claims["sub"] != runtime_url:
             raise TokenRejected("session token belongs to another runtimeURL")
-        if not isinstance(claims["sid"], int):
+        if not isinstance(claims["sid"], int) or not isinstance(claims["clm"], str):
             raise TokenRejected("invalid session token: bad session id")
-        return SessionClaim(claims["sid"], runtime_url)
+        return SessionClaim(claims["sid"], runtime_url, claims["clm"])

@@ -25,22 +25,28 @@ from ..web_hosts import host_name, is_ip_literal, is_loopback_name
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
-def _normal(origin: str) -> str | None:
-    """``scheme://host:port`` in lower case with the port spelled out; None if unparseable."""
+Origin = tuple[str, str, int | None]  # scheme, host (lower case, IPv6 without brackets), port
+
+
+def _parse(origin: str) -> Origin | None:
+    """An origin's scheme, host and port (spelled out), in lower case; None if unparseable.
+    A header is anybody's text: whatever yarl cannot read (an IDNA error, a bad port) is an
+    origin that may not connect, never an error of the node's."""
     try:
         url = URL(origin.strip())
-    except ValueError:
+        host = url.host
+        port = url.port or _DEFAULT_PORTS.get(url.scheme)
+    except (ValueError, UnicodeError):
         return None
-    if not url.scheme or not url.host:
+    if not url.scheme or not host:
         return None
-    port = url.port or _DEFAULT_PORTS.get(url.scheme)
-    return f"{url.scheme.lower()}://{url.host.lower()}:{port}"
+    return url.scheme.lower(), host.lower(), port
 
 
 class OriginCheck:
     def __init__(self, allowed: list[str] | None, public_hosts: Iterable[str] = ()) -> None:
         self._any = allowed is not None and "*" in allowed
-        self._allowed = None if allowed is None else {_normal(o) for o in allowed} - {None}
+        self._allowed = None if allowed is None else {_parse(o) for o in allowed} - {None}
         self._own_names = frozenset(host_name(h) for h in public_hosts if h)
 
     def refusal(self, request: web.Request) -> str | None:
@@ -48,15 +54,14 @@ class OriginCheck:
         origin = request.headers.get("Origin")
         if origin is None or self._any:
             return None
-        normal = _normal(origin)
-        if normal is None:
+        parsed = _parse(origin)
+        if parsed is None:
             return f"origin {origin[:100]!r} may not open stub connections"
-        url = URL(normal)
-        host = url.host or ""
-        if host in self._own_names or self._arrived_at(host, url.port, request):
+        _, host, port = parsed
+        if host in self._own_names or self._arrived_at(host, port, request):
             return None
         if self._allowed is not None:
-            if normal in self._allowed:
+            if parsed in self._allowed:
                 return None
         elif is_loopback_name(host):
             return None

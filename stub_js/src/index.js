@@ -26,6 +26,19 @@ const DEFAULT_RECONNECT = { initialDelay: 500, maxDelay: 30_000, maxAttempts: In
 const DEFAULT_REFRESH_BEFORE = 60_000;
 const MAX_TIMER = 2 ** 31 - 1; // setTimeout's longest delay
 
+// After a reload, messages for the hyperties the runtime had are held until it has deployed them
+// again (see `Redeploys`): at most this long from the resumed session's start, and at most this
+// many bytes; then they are handed on anyway.
+const DEFAULT_HOLD = { deadline: 15_000, maxBytes: 4 * 1024 * 1024 };
+// The hyperty addresses kept with the session, most recently used last.
+const MAX_KNOWN = 64;
+const MAX_ADDRESS = 1024;
+// A message the runtime handed back (no listener yet) is offered again after this, doubling.
+const RETRY_FIRST = 50;
+const RETRY_MAX = 1000;
+// Messages handed on for held addresses, remembered to recognise them when the runtime returns them.
+const MAX_HANDED = 4096;
+
 let wsImport; // the `ws` package, imported at most once
 
 // Where a stub keeps its runtime's session (token, delivery position) when the runtime gives it
@@ -85,6 +98,17 @@ class MatrixProtoStub {
     // an ID token's `exp`, for a fresh one sent on the open socket ({cmd: 'auth'}).
     this._credentials = config.credentials;
     this._refreshBefore = config.refreshBefore ?? DEFAULT_REFRESH_BEFORE;
+    // `holdAfterReload: false` hands everything on at once, as before a runtime redeploys.
+    this._holdOptions = config.holdAfterReload === false ? null : { ...DEFAULT_HOLD, ...config.holdAfterReload };
+    // Hyperty addresses this runtime speaks from or registers, kept with its session so that the
+    // instance after a reload knows which ones it will deploy again.
+    this._known = new Set();
+    this._hold = null; // a Redeploys while the addresses kept before a reload are being deployed again
+    this._back = new Set(); // addresses this instance's runtime has shown it has (again)
+    // Registry requests naming a hyperty (`<from>\n<id>` -> its address): their answer is a sign
+    // that the runtime is deploying it.
+    this._registrations = new Map();
+    this._holdDone = false; // a stub instance holds for the first session it resumes only
     this._refreshTimer = null;
 
     this._status = undefined;
@@ -97,7 +121,7 @@ class MatrixProtoStub {
     this._acked = 0; // highest delivery number acknowledged to the node
     this._ackTimer = null;
     this._origins = new Map(); // origin -> highest number handed to the runtime from it
-    this._stats = { sent: 0, acknowledged: 0, delivered: 0, duplicates: 0 };
+    this._stats = { sent: 0, acknowledged: 0, delivered: 0, duplicates: 0, returned: 0 };
     this._token = null; // session token from the node, presented again when reconnecting
     // The session outlives this stub instance: kept where the runtime keeps its runtimeURL.
     this._memory = sessionMemory(config.sessionStore, nodeURL, config.runtimeURL);
@@ -108,6 +132,7 @@ class MatrixProtoStub {
       if (!kept || this._sessionEpoch !== 0 || this._token !== null) return;
       this._token = kept.token;
       this._received = this._acked = this._recorded = kept.received;
+      for (const address of kept.addresses ?? []) this._known.add(address);
     });
     this._active = false; // a connection is wanted: set on demand, cleared by disconnect or giving up
     this._replaced = false; // closed with 4409: stay down until connect() is called explicitly
@@ -132,7 +157,12 @@ class MatrixProtoStub {
    * duplicates dropped.
    */
   get stats() {
-    return { ...this._stats, unacknowledged: this._queue.length, unrecorded: this._received - this._recorded };
+    return {
+      ...this._stats,
+      unacknowledged: this._queue.length,
+      unrecorded: this._received - this._recorded,
+      held: this._hold?.count ?? 0,
+    };
   }
 
   /**
@@ -187,6 +217,8 @@ class MatrixProtoStub {
     // What it received is acknowledged before it leaves: the node answers the senders of what
     // it had sent and this stub never took (404), and must not for what it did take.
     if (conn?.live && conn.ws.readyState === OPEN) this._sendAck(conn);
+    // What is still held was never acknowledged: the node answers its senders (404).
+    this._endHold(false);
     this._halt();
     this._replaced = false;
     // The session is released, but its token still proves this runtime's credential: while
@@ -209,8 +241,15 @@ class MatrixProtoStub {
 
   _onRuntimeMessage(msg) {
     if (msg === null || typeof msg !== 'object') return;
-    // It came from the node through this stub; sending it back would make a loop.
-    if (hasVia(msg, this.runtimeProtoStubURL)) return;
+    // It came from the node through this stub; sending it back would make a loop. reTHINK's
+    // runtimes route a message here when they have no listener for its address (a hyperty not
+    // deployed again yet after a reload): held again then, and offered again shortly.
+    if (hasVia(msg, this.runtimeProtoStubURL)) {
+      this._stats.returned += 1;
+      this._hold?.takeBack(msg);
+      return;
+    }
+    this._learn(msg);
     if (this._replaced && !this._disconnecting) {
       warn("dropping a message: this runtime's session moved to a newer connection");
       return;
@@ -256,8 +295,84 @@ class MatrixProtoStub {
     this._stats.acknowledged += done;
   }
 
+  /**
+   * Notes the hyperty addresses the runtime speaks from and registers with the domain registry
+   * (kept with the session), and what shows that one it had before a reload is back.
+   */
+  _learn(msg) {
+    const type = typeof msg.type === 'string' ? msg.type.toLowerCase() : '';
+    let learnt = false;
+    if (isHypertyAddress(msg.from)) {
+      learnt = this._know(msg.from);
+      this._isBack(msg.from);
+    }
+    if (typeof msg.to === 'string' && msg.to.startsWith('domain://registry.')) {
+      const named = type === 'create' ? msg.body?.value?.url : msg.body?.resource;
+      if (isHypertyAddress(named)) {
+        if (type === 'delete') {
+          learnt = this._known.delete(named) || learnt;
+          this._isBack(named); // gone for good: nothing to wait for
+        } else if (type === 'create' || type === 'update') {
+          learnt = this._know(named) || learnt;
+          // runtime-core deploys the hyperty and adds its listener once the registry answered.
+          if (msg.id != null && typeof msg.from === 'string') {
+            this._registrations.set(`${msg.from}\n${msg.id}`, named);
+            if (this._registrations.size > MAX_KNOWN) this._registrations.delete(this._registrations.keys().next().value);
+          }
+        }
+      }
+    }
+    if (learnt && this._token) this._remember();
+  }
+
+  _isBack(address) {
+    this._back.add(address);
+    if (this._back.size > MAX_KNOWN) this._back.delete(this._back.values().next().value);
+    this._hold?.ready(address);
+  }
+
+  /** True when the address is new to the kept list. */
+  _know(address) {
+    const fresh = !this._known.has(address);
+    this._known.delete(address);
+    this._known.add(address);
+    if (this._known.size > MAX_KNOWN) this._known.delete(this._known.values().next().value);
+    return fresh;
+  }
+
+  /** The highest delivery number below everything held: what may be acknowledged (never less than before). */
+  _ackable() {
+    const held = this._hold?.lowest();
+    return held == null ? this._received : Math.max(this._acked, Math.min(this._received, held - 1));
+  }
+
+  _startHold() {
+    this._holdDone = true;
+    const addresses = [...this._known];
+    if (!this._holdOptions || !addresses.length) return;
+    this._hold = new Redeploys(addresses, this._back, this._holdOptions, {
+      // Handed on again after the runtime handed it back: counted once in `delivered`.
+      hand: (msg, again) => (again ? this._deliver(msg) : this._handOn(msg)),
+      released: () => {
+        if (this._conn?.live && this._conn.acks) this._ackLater(this._conn);
+      },
+      expired: () => this._endHold(true),
+    });
+  }
+
+  /** Ends the hold: what it still has is handed on in order (`deliver`) or left to the node. */
+  _endHold(deliver) {
+    const hold = this._hold;
+    if (!hold) return;
+    this._hold = null;
+    hold.close(deliver);
+    if (deliver && this._conn?.live && this._conn.acks) this._ackLater(this._conn);
+  }
+
   /** A new session numbers its deliveries from the start again; its messages too. */
   _resetSession() {
+    // What is held belongs to the session that ended; the runtime is deploying again, so it gets it.
+    this._endHold(true);
     this._sessionEpoch += 1;
     this._received = 0;
     this._acked = 0;
@@ -430,7 +545,7 @@ class MatrixProtoStub {
     if (token) query += `&token=${encodeURIComponent(token)}`;
     if (auth) query += `&auth_type=${encodeURIComponent(auth.type)}&auth_token=${encodeURIComponent(auth.token)}`;
     if (this._hello) query += '&hello=1';
-    if (this._offerAcks) query += `&ack=1&stub=${this._stubId}&received=${this._received}`;
+    if (this._offerAcks) query += `&ack=1&stub=${this._stubId}&received=${this._ackable()}`;
     return `${this.nodeURL}${this.nodeURL.includes('?') ? '&' : '?'}${query}`;
   }
 
@@ -446,7 +561,8 @@ class MatrixProtoStub {
     const data = { runtimeURL: this.runtimeURL };
     if (conn.token) data.token = conn.token;
     if (conn.auth) data.auth = { type: conn.auth.type, token: conn.auth.token };
-    if (this._offerAcks) data.ack = { v: ACK_VERSION, stub: this._stubId, received: this._received };
+    // Held messages are not acknowledged: the node keeps them until the runtime has them.
+    if (this._offerAcks) data.ack = { v: ACK_VERSION, stub: this._stubId, received: this._ackable() };
     this._sendControl(conn, { cmd: 'connect', data });
   }
 
@@ -458,16 +574,16 @@ class MatrixProtoStub {
     } catch {
       return warn('ignoring a frame that is not JSON');
     }
-    if (Array.isArray(frame) && conn.acks) return this._onNumbered(conn, frame);
+    if (Array.isArray(frame) && conn.acks) return this._onNumbered(conn, frame, data.length);
     if (frame === null || typeof frame !== 'object' || Array.isArray(frame)) {
       return warn('ignoring a frame that is not a JSON object');
     }
     if (isControlFrame(frame)) return this._onControl(conn, frame);
-    this._handOn(frame);
+    this._take(frame, null, data.length);
   }
 
   /** `[dseq, origin, oseq, message]`: handed on unless the runtime already has it. */
-  _onNumbered(conn, [dseq, origin, oseq, msg]) {
+  _onNumbered(conn, [dseq, origin, oseq, msg], size) {
     if (!Number.isSafeInteger(dseq) || msg === null || typeof msg !== 'object') {
       return warn('ignoring a malformed numbered frame');
     }
@@ -478,9 +594,23 @@ class MatrixProtoStub {
       if (oseq <= (this._origins.get(origin) ?? 0)) fresh = false;
       else this._origins.set(origin, oseq);
     }
-    if (fresh) this._handOn(msg);
+    if (fresh) this._take(msg, dseq, size);
     else this._stats.duplicates += 1;
     this._ackLater(conn);
+  }
+
+  /** A message from the node for the runtime: handed on, or held while its hyperty is redeployed. */
+  _take(msg, dseq, size) {
+    if (this._hold?.offer(msg, dseq, size)) return;
+    this._handOn(msg);
+    if (this._registrations.size && typeof msg.type === 'string' && msg.type.toLowerCase() === 'response') {
+      const key = `${msg.to}\n${msg.id}`;
+      const address = this._registrations.get(key);
+      if (address !== undefined) {
+        this._registrations.delete(key);
+        this._isBack(address);
+      }
+    }
   }
 
   _handOn(msg) {
@@ -489,7 +619,7 @@ class MatrixProtoStub {
   }
 
   _ackLater(conn) {
-    if (this._received - this._acked >= ACK_EVERY) return this._sendAck(conn);
+    if (this._ackable() - this._acked >= ACK_EVERY) return this._sendAck(conn);
     this._ackTimer ??= setTimeout(() => {
       this._ackTimer = null;
       if (conn === this._conn) this._sendAck(conn);
@@ -497,9 +627,10 @@ class MatrixProtoStub {
   }
 
   _sendAck(conn) {
-    if (this._received <= this._acked) return;
-    if (this._write(conn, JSON.stringify({ cmd: 'ack', received: this._received }))) {
-      this._acked = this._received;
+    const received = this._ackable();
+    if (received <= this._acked) return;
+    if (this._write(conn, JSON.stringify({ cmd: 'ack', received }))) {
+      this._acked = received;
       this._remember();
     }
   }
@@ -508,7 +639,9 @@ class MatrixProtoStub {
     if (!this._token) return Promise.resolve();
     const epoch = this._sessionEpoch;
     const received = this._acked;
-    return this._memory.save({ token: this._token, received }).then((saved) => {
+    const kept = { token: this._token, received };
+    if (this._known.size) kept.addresses = [...this._known];
+    return this._memory.save(kept).then((saved) => {
       if (saved && epoch === this._sessionEpoch) this._recorded = Math.max(this._recorded, received);
     });
   }
@@ -546,6 +679,10 @@ class MatrixProtoStub {
     if (answer?.token) this._token = answer.token;
     conn.acks = this._offerAcks && answer?.ack?.v === ACK_VERSION;
     if (answer?.session === 'new') this._resetSession();
+    // The first session this instance resumes is a reloaded runtime's, which deploys its
+    // hyperties again: hold what comes for them meanwhile.
+    if (answer?.session === 'resumed' && !this._holdDone) this._startHold();
+    this._holdDone = true;
     this._remember();
     if (conn.acks) this._onAck(conn, answer.ack.seq);
     // Everything not acknowledged goes (again) on this connection, in order.
@@ -697,6 +834,164 @@ class MatrixProtoStub {
   }
 }
 
+/**
+ * Messages for the hyperties of a reloaded runtime while it deploys them again.
+ *
+ * A reTHINK runtime that reloads keeps its runtimeURL and its hyperties' addresses, and deploys
+ * the hyperties again, each at its old address; until one is deployed, the runtime's message bus
+ * has no listener for its address. runtime-core's MessageBus then routes a message for it to its
+ * default route, the domain's stub (Registry.resolve), i.e. back here with this stub's `via`
+ * mark, where it would be dropped as a loop: the messages routed to the runtime while it was away,
+ * which the resumed session delivers at once, would be lost.
+ *
+ * So the first session a new stub instance resumes holds what comes for the addresses kept with
+ * the session (hyperties the runtime spoke from or registered before the reload) until the
+ * runtime shows that the address is back: it speaks from it, or the domain registry answers its
+ * registration of it (runtime-core adds the listener right after that answer, once the hyperty is
+ * deployed). A message handed on meanwhile that the runtime hands back (still no listener) is held
+ * again and offered again a little later (50 ms, doubling up to 1 s), in its place. Everything for
+ * an address goes to the runtime in the order it came, each message once: nothing for it passes
+ * while something before it is held. Nothing is held past `deadline` ms from the session's
+ * start, nor beyond `maxBytes`: then it is handed on anyway. Addresses the runtime never had
+ * before the reload are never held.
+ */
+class Redeploys {
+  constructor(addresses, back, { deadline, maxBytes }, { hand, released, expired }) {
+    this._entries = new Map();
+    for (const address of addresses) {
+      this._entries.set(address, { waiting: !back.has(address), queue: [], delay: RETRY_FIRST, timer: null });
+    }
+    this._maxBytes = maxBytes;
+    this._bytes = 0;
+    this._count = 0;
+    this._order = 0; // arrival order of what is offered
+    this._handed = new Map(); // messages handed on for these addresses, to recognise them coming back
+    this._hand = hand;
+    this._released = released;
+    this._timer = setTimeout(expired, Math.min(deadline, MAX_TIMER));
+    this._timer.unref?.(); // a Node.js runtime may exit meanwhile
+  }
+
+  /** How many messages are held. */
+  get count() {
+    return this._count;
+  }
+
+  /** The lowest delivery number held that was never handed on (so never acknowledged), or undefined. */
+  lowest() {
+    let lowest;
+    for (const entry of this._entries.values()) {
+      for (const item of entry.queue) {
+        if (item.dseq != null && !item.again && !(item.dseq >= lowest)) lowest = item.dseq;
+      }
+    }
+    return lowest;
+  }
+
+  /** True when the message is held: its address is not back yet, or something before it is held. */
+  offer(msg, dseq, size) {
+    const entry = this._entryFor(msg.to);
+    if (!entry) return false;
+    const item = { entry, msg, dseq, size, order: this._order++ };
+    if (entry.waiting || entry.queue.length) {
+      this._enqueue(item);
+      return true;
+    }
+    this._remember(item);
+    return false;
+  }
+
+  /** The runtime has shown that the address is back: what is held for it goes now. */
+  ready(address) {
+    const entry = this._entries.get(address);
+    if (entry && (entry.waiting || entry.timer)) this._release(entry);
+  }
+
+  /** A message the runtime handed back: true when it is one of ours, now held again. */
+  takeBack(msg) {
+    const key = returnKey(msg);
+    const item = key && this._handed.get(key);
+    if (!item) return false;
+    this._handed.delete(key);
+    const { entry } = item;
+    item.msg = msg;
+    item.again = true;
+    this._enqueue(item);
+    if (!entry.waiting && !entry.timer && entry.queue.length) {
+      entry.timer = setTimeout(() => {
+        entry.timer = null;
+        this._release(entry);
+      }, entry.delay);
+      entry.delay = Math.min(entry.delay * 2, RETRY_MAX);
+    }
+    return true;
+  }
+
+  /** Stops holding: what is held is handed on in order (`deliver`) or let go. */
+  close(deliver) {
+    clearTimeout(this._timer);
+    const items = [];
+    for (const entry of this._entries.values()) {
+      clearTimeout(entry.timer);
+      entry.timer = null;
+      items.push(...entry.queue);
+      entry.queue = [];
+    }
+    this._handed.clear();
+    this._bytes = this._count = 0;
+    if (deliver) for (const item of items.sort((a, b) => a.order - b.order)) this._hand(item.msg, item.again);
+  }
+
+  _entryFor(to) {
+    if (typeof to !== 'string') return undefined;
+    const exact = this._entries.get(to);
+    if (exact) return exact;
+    // A hyperty's own sub-addresses (`<hyperty>/...`) wait with it.
+    for (const [address, entry] of this._entries) if (to.startsWith(`${address}/`)) return entry;
+    return undefined;
+  }
+
+  _enqueue(item) {
+    const { queue } = item.entry;
+    let at = queue.length;
+    while (at > 0 && queue[at - 1].order > item.order) at -= 1;
+    queue.splice(at, 0, item);
+    this._bytes += item.size;
+    this._count += 1;
+    if (this._bytes > this._maxBytes) this._release(item.entry);
+  }
+
+  _release(entry) {
+    clearTimeout(entry.timer);
+    entry.timer = null;
+    entry.waiting = false;
+    const queue = entry.queue;
+    entry.queue = [];
+    for (const item of queue) {
+      this._bytes -= item.size;
+      this._count -= 1;
+    }
+    for (const item of queue) {
+      this._remember(item);
+      this._hand(item.msg, item.again);
+    }
+    if (queue.length) this._released();
+  }
+
+  _remember(item) {
+    const key = returnKey(item.msg);
+    if (!key) return;
+    this._handed.set(key, item);
+    if (this._handed.size > MAX_HANDED) this._handed.delete(this._handed.keys().next().value);
+  }
+}
+
+/** What identifies a message the runtime hands back: it keeps from, to and id. */
+function returnKey(msg) {
+  if (msg.id == null || typeof msg.from !== 'string' || typeof msg.to !== 'string') return undefined;
+  return `${msg.from}\n${msg.to}\n${msg.id}`;
+}
+
 /** The reTHINK runtime's entry point for loading a protocol stub. */
 function activate(url, bus, config) {
   return { name: STUB_NAME, instance: new MatrixProtoStub(url, bus, config) };
@@ -730,7 +1025,9 @@ function sessionMemory(store, nodeURL, runtimeURL) {
       inTurn(async () => {
         const kept = JSON.parse((await store.getItem(key)) ?? 'null');
         const ok = typeof kept?.token === 'string' && Number.isSafeInteger(kept?.received);
-        return ok && kept.received >= 0 ? kept : null;
+        if (!ok || kept.received < 0) return null;
+        const addresses = Array.isArray(kept.addresses) ? kept.addresses.filter(isHypertyAddress) : [];
+        return { token: kept.token, received: kept.received, addresses: addresses.slice(-MAX_KNOWN) };
       }, null),
     save: (kept) =>
       inTurn(async () => {
@@ -793,6 +1090,10 @@ function indexedDBStore() {
     getItem: async (key) => (await run('readonly', (s) => s.get(key))) ?? null,
     setItem: (key, value) => run('readwrite', (s) => s.put(String(value), key)),
   };
+}
+
+function isHypertyAddress(value) {
+  return typeof value === 'string' && value.length <= MAX_ADDRESS && value.startsWith('hyperty://');
 }
 
 function randomId() {

@@ -21,7 +21,7 @@ test('messages are numbered and kept until the node acknowledges them', async (t
 
   assert.deepEqual(conn.seqs, [1, 2, 3]);
   assert.deepEqual(messagesOf(conn), [msg(1), msg(2), msg(3)]);
-  assert.deepEqual(stub.stats, { sent: 3, acknowledged: 0, delivered: 0, duplicates: 0, unacknowledged: 3, unrecorded: 0 });
+  assert.deepEqual(stub.stats, { sent: 3, acknowledged: 0, delivered: 0, duplicates: 0, returned: 0, unacknowledged: 3, unrecorded: 0, held: 0 });
 
   conn.send({ cmd: 'ack', seq: 2 });
   await until(() => stub.stats.acknowledged === 2, 'two acknowledged');

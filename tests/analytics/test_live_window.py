@@ -156,22 +156,42 @@ def test_an_unreadable_export_file_fails_one_cycle_not_every_one(
     assert live.merge(tmp_path / "out", since, SPEC.top_n)["rows_read"]["messages"] > 0
 
 
-def test_addresses_a_runtime_forges_cannot_fill_the_window(spark: SparkSession) -> None:
-    """Refused requests carry whatever `from` the runtime wrote: a cycle keeps only its
-    heaviest senders by address, and the messages still count."""
+def test_a_refused_request_is_its_runtimes_never_the_addresses_it_claims(
+    spark: SparkSession,
+) -> None:
+    """Refused requests carry whatever `from` and `to` the runtime wrote: they count for the
+    runtime that sent them (the node knows its session), never for the hyperty or the domains
+    they name, so no runtime puts another's hyperty at the top of the talkers, or a made-up
+    domain among the peers. Admitted senders are kept by address up to the cycle's bound."""
     forged = PARTIAL_LIMIT * 3
     fields = MESSAGES_SCHEMA.fieldNames()
     base = dict.fromkeys(fields)
-    base.update(kind="rejected_request", from_scheme="hyperty", runtime="rt-hostile", ts=60_000)
-    rows = [{**base, "from": f"hyperty://x/{i}", "msg_id": str(i)} for i in range(forged)]
+    base.update(from_scheme="hyperty", ts=60_000)
+    rows = [
+        {
+            **base,
+            "kind": "rejected_request",
+            "runtime": "rt-hostile",
+            "from": "hyperty://x/victim",
+            "from_domain": f"made-up-{i}.example",
+            "to_domain": "x",
+            "msg_id": str(i),
+        }
+        for i in range(forged)
+    ]
     rows += [
-        {**base, "kind": "routed", "from": "hyperty://x/busy", "msg_id": f"b{i}"} for i in range(50)
+        {**base, "kind": "routed", "runtime": f"rt-{i}", "from": f"hyperty://x/{i}"}
+        | {"from_domain": "x", "to_domain": "x", "msg_id": f"b{i}"}
+        for i in range(forged)
     ]
     messages = spark.createDataFrame([tuple(r[f] for f in fields) for r in rows], MESSAGES_SCHEMA)
     opened = {t: spark.createDataFrame([], schema) for t, schema in OPEN_SCHEMAS.items()}
     receipts = spark.createDataFrame([], RECEIPTS_SCHEMA)
     talkers = increment(messages, receipts, opened, 0, 60_000)[TALKERS].collect()
     hyperties = {r["sender_hyperty"] for r in talkers}
+    assert "hyperty://x/victim" not in hyperties
     assert len(hyperties - {None}) == PARTIAL_LIMIT
-    assert "hyperty://x/busy" in hyperties
-    assert sum(r["rows"] for r in talkers) == forged + 50
+    assert "rt-hostile" in {r["sender_runtime"] for r in talkers}
+    domains = {r["from_domain"] for r in talkers} | {r["to_domain"] for r in talkers}
+    assert not any(str(d).startswith("made-up-") for d in domains), domains
+    assert sum(r["rows"] for r in talkers) == 2 * forged

@@ -194,6 +194,47 @@ async def test_a_runtime_url_left_with_registrations_stays_its_credentials(
         await back.close()
 
 
+async def test_an_old_token_names_no_session_that_reuses_its_id(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """A session's token names that session, not its row id: SQLite gives a deleted session's
+    id to the next session, so the attacker's token from a session it ended must not admit it
+    to the victim's live session under the same runtimeURL, nor to the runtimeURL the victim's
+    registrations keep for the victim's credential."""
+    node = await start_node(await databases.migrated_sqlite())
+    url = f"runtime://{D}/reuse-victim"
+    mallory = await PyRuntime(stub_url(node), url, acked=True).connect()
+    old_token = mallory.token
+    await mallory.disconnect()
+    victim = await PyRuntime(stub_url(node), url, acked=True).connect()
+    [h] = await victim.allocate(D)
+    frm = f"{url}/registry"
+    reply = await victim.request(REGISTRY, "create", _hyperty(h, url, f"user://{D}/v"), from_=frm)
+    assert reply["body"]["code"] == 200, reply
+    try:
+        for stage in ("live", "left"):
+            thief = PyRuntime(stub_url(node), url, acked=True)
+            thief.token = old_token
+            try:
+                await thief.connect()
+                assert thief.connect_answer is not None
+                assert thief.connect_answer.get("response") == 401, (stage, thief.connect_answer)
+            finally:
+                await thief.close()
+            if stage == "live":
+                victim_token = victim.token
+                await victim.disconnect()
+        back = PyRuntime(stub_url(node), url, acked=True)
+        back.token = victim_token
+        try:
+            await back.connect()
+            assert back.connect_answer is not None and back.connect_answer["response"] == 200
+        finally:
+            await back.close()
+    finally:
+        await victim.close()
+
+
 async def test_an_objects_subscription_channel_reaches_its_reporter_only(
     start_node: NodeFactory, databases: Databases
 ) -> None:

@@ -161,9 +161,17 @@ def test_only_the_node_publishes_registration_status_and_only_the_reporter_chang
         assert refused is not None and refused.code == 403
     # Anyone may add to an object's children (a group chat's messages).
     assert monitor.send_to(ALICE_ID, "comm://d/bo/children/chat") is None
-    # A peer's own object's changes, and its own hyperties' status, are the peer's to publish.
-    assert monitor.send_to(None, "comm://peer.example/o/changes") is None
-    assert monitor.send_to(None, "hyperty://peer.example/h/registration") is None
+    # A peer's own object's changes, and its own hyperties' status, are the peer's to publish;
+    # a third domain's are not, and no runtime here publishes another domain's object's changes.
+    peer, third = "peer.example", "third.example"
+    assert monitor.send_to(None, f"comm://{peer}/o/changes", peer) is None
+    assert monitor.send_to(None, f"hyperty://{peer}/h/registration", peer) is None
+    for forged in (f"comm://{third}/o/changes", f"hyperty://{third}/h/registration"):
+        refused = monitor.send_to(None, forged, peer)
+        assert refused is not None and refused.code == 403, forged
+    for sender in (ALICE_ID, BOB_ID):
+        refused = monitor.send_to(sender, f"comm://{peer}/o/changes")
+        assert refused is not None and refused.code == 403
 
 
 # -- subscribe to -------------------------------------------------------------------------------
@@ -234,6 +242,10 @@ def test_a_response_comes_only_from_where_its_request_went() -> None:
     assert monitor.answer(("hyperty://d/a",), 8, "hyperty://d/b") is not None  # never asked
     # A requester this process does not hold: its own node (or process) judges.
     assert monitor.answer(("hyperty://elsewhere.example/r",), 8, "hyperty://d/b") is None
+    # Every addressee must have asked: a requester of one's own first in `to` opens no door to
+    # the others (Bob never asked hyperty://d/b with id 7).
+    refused = monitor.answer(("hyperty://d/a", "comm://d/bo"), 7, "hyperty://d/b")
+    assert refused is not None and refused.code == 403
 
 
 # -- one spelling -------------------------------------------------------------------------------
@@ -253,6 +265,25 @@ def test_a_response_comes_only_from_where_its_request_went() -> None:
         "hyperty:/d/a",
         "hyperty://",
         "no-scheme",
+        # What a URL parser (a browser's, or reTHINK runtime-core's divideURL) reads as another
+        # host or another path than an exact comparison does.
+        "hyperty://d:80/a",
+        "hyperty://d:/a",
+        "hyperty://b.example\\@d/a",
+        "hyperty://mallory@d/a",
+        "hyperty://d%2eexample/a",
+        "hyperty://d\uff0eexample/a",
+        "hyperty://d\u3002/a",
+        "hyperty://d/a?x=",
+        "hyperty://d/a#",
+        "hyperty://d/a\\b",
+        "hyperty://d/mine/../a",
+        "hyperty://d/mine/%2e%2e/a",
+        "hyperty://d/./a",
+        "hyperty://d/%61",
+        "hyperty://d/a%2fb",
+        "hyperty://d/a%zz",
+        "runtime://d/alice/..",
     ],
 )
 def test_an_address_has_one_spelling(spelling: str) -> None:
@@ -260,7 +291,15 @@ def test_an_address_has_one_spelling(spelling: str) -> None:
 
 
 def test_canonical_addresses_pass_as_written() -> None:
-    for address in [*OWN_ADDRESSES, *ANOTHERS, *NOBODYS, *SERVICES, *STREAMS, "comm://d/Ä/ÖPath"]:
+    for address in [
+        *OWN_ADDRESSES,
+        *ANOTHERS,
+        *NOBODYS,
+        *SERVICES,
+        *STREAMS,
+        "comm://d/Ä/ÖPath",
+        "user://d/a%40b",
+    ]:
         assert spelling_problem(address) is None, address
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from adapter.envelope import Message, parse
 from adapter.identity import Identity, anonymous_identity, check_assertion
+from adapter.identity.assertion import asserted_domains
 from adapter.services.base import Requester
 from adapter.services.idm import IdmService
 
@@ -288,3 +289,24 @@ def test_a_name_that_only_folds_to_the_verified_one_is_another_identity() -> Non
         check = check_assertion({"identity": forged}, kris)
         assert check.outcome == "mismatch", forged
     assert check_assertion({"identity": "kriss@KISS.example"}, kris).outcome == "match"
+
+
+@pytest.mark.parametrize(
+    "user_url",
+    [
+        "user://gmail.com\\@peer.example/alice",
+        "user://gmail.com@peer.example/alice",
+        "user://peer.example:443/alice",
+        "user://peer.example/../gmail.com/alice",
+    ],
+)
+def test_a_peer_vouches_for_no_user_url_in_a_second_spelling(user_url: str) -> None:
+    """A user URL a runtime would read as another domain's (reTHINK splits addresses with its
+    own pattern) is vouched for by nobody, whichever domain the node would have read."""
+    body = {"assertedIdentity": True, "identity": {"userProfile": {"userURL": user_url}}}
+    assert asserted_domains(body) is None
+
+
+def test_a_peer_vouches_by_the_host_of_a_canonical_user_url() -> None:
+    body = {"identity": {"userProfile": {"userURL": "user://peer.example/alice"}}}
+    assert asserted_domains(body) == frozenset({"peer.example"})

@@ -82,6 +82,8 @@ class Runtime {
     this.registryURL = `${runtimeURL}/registry/`;
     this.hyperty = null;
     this.received = []; // body.n of every ping that reached the hyperty, in arrival order
+    this.listening = true; // the hyperty's listener is on the runtime's bus
+    this.returned = 0; // pings handed back to the stub for want of a listener
     this.statuses = []; // the stub's status updates
     this._pending = new Map();
     this._count = 0;
@@ -157,7 +159,14 @@ class Runtime {
       this._pending.get(msg.id)(msg);
       this._pending.delete(msg.id);
     } else if (msg.type === 'ping' && msg.to === this.hyperty) {
-      this.received.push(msg.body.n);
+      if (this.listening) {
+        this.received.push(msg.body.n);
+      } else {
+        // runtime-core's MessageBus with no listener for the address: out to its default
+        // route, the domain's stub (MessageBus.postMessage l.92, Registry.resolve l.1433).
+        this.returned += 1;
+        this._send(msg);
+      }
     }
   }
 
@@ -180,6 +189,31 @@ class Runtime {
   // A reloaded runtime keeps its hyperty's address (runtime-core stores it with the runtimeURL).
   adopt(hyperty) {
     this.hyperty = hyperty;
+  }
+
+  // runtime-core registers a hyperty with the domain registry (DomainRegistration.registerHyperty:
+  // `create` naming its URL, `update` with it as resource when it deploys it again after a reload).
+  register(again) {
+    const to = `domain://registry.${this.domain}`;
+    const value = {
+      url: this.hyperty, user: `user://${this.domain}/harness`, descriptor: 'hyperty-catalogue://harness/Pinger',
+      resources: ['chat'], dataSchemes: ['comm'], status: 'live', runtime: this.runtimeURL, expires: 3600,
+    };
+    const body = again ? { resource: this.hyperty, value: { status: 'live' } } : { value, policy: 'policy' };
+    return this._ask(to, again ? 'update' : 'create', body).then((answer) => answer.body.code);
+  }
+
+  // runtime-core after a reload (Loader.loadHyperty l.165-216): the address comes back from its
+  // storage, the registry is told again, and the listener is added only once the hyperty is
+  // deployed, after the registry answered; meanwhile messages for it find no listener.
+  redeploy(hyperty) {
+    this.hyperty = hyperty;
+    this.listening = false;
+    return this.register(true);
+  }
+
+  listen() {
+    this.listening = true;
   }
 
   ping(to, first, count) {

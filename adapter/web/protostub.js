@@ -1,0 +1,1 @@
+../../stub_js/src/index.js
