@@ -247,6 +247,15 @@ class PeerConfig(_Strict):
     identity_providers: list[str] = []
     # Subscriptions that domain's runtimes may hold to this domain's streams, all together.
     max_subscriptions: int = Field(default=100_000, ge=1)
+    # Rooms that domain's node may have this node follow (it writes one per process, or per
+    # event persister): an invitation beyond is refused and counted
+    # (`rethink_mn_quota_refusals_total{quota="peer_rooms"}`).
+    max_rooms: int = Field(default=16, ge=1)
+    # Sender ids of that domain's runtimes whose numbers this node keeps (in memory and in
+    # `sender_marks`) to drop a message its node sends twice; beyond, the longest idle go
+    # first (counted, `quota="peer_origins"`), as do those idle for `origin_idle_seconds`.
+    max_origins: int = Field(default=10_000, ge=1)
+    origin_idle_seconds: float = Field(default=3600.0, gt=0)
 
     @field_validator("server_name")
     @classmethod
@@ -273,6 +282,10 @@ class FederationConfig(_Strict):
     flow_window_events: int = Field(default=1, ge=0)
     # The longest the next event waits for a confirmation (the peer's node may be away).
     flow_max_hold_seconds: float = Field(default=1.0, gt=0, le=60)
+    # Connections to the homeserver for what peers' rooms need (joining, reading them, their
+    # media, confirmations): a pool of their own, so a peer whose media hangs never holds one
+    # of those that carry this domain's own traffic.
+    peer_connections: int = Field(default=8, ge=1, le=256)
 
     @property
     def enabled(self) -> bool:

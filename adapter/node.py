@@ -186,6 +186,23 @@ class Node:
             cfg.homeserver.server_name,
             cfg.appservice.sender_localpart,
         )
+        # Peers' rooms (joining, reading, their media, confirmations) go through a pool of their
+        # own: a peer whose media hangs holds its own connections, never this domain's.
+        self._peer_http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.federation.peer_connections, ttl_dns_cache=300)
+        )
+        self.peer_api = AppserviceAPI(
+            HomeserverClient(
+                cfg.homeserver.url,
+                cfg.appservice.as_token,
+                self._peer_http,
+                metrics=self.as_metrics,
+                max_retries=cfg.homeserver.max_retries,
+                request_timeout=cfg.homeserver.request_timeout_seconds,
+            ),
+            cfg.homeserver.server_name,
+            cfg.appservice.sender_localpart,
+        )
         self.rooms = RoomDirectory(
             self.api,
             RoomStore(self.db),
@@ -330,7 +347,7 @@ class Node:
                 cfg.domain,
                 self.federation,
                 self.rooms,
-                self.api.bot,
+                self.peer_api.bot,
                 self.delivery,
                 self.settlement,
                 self.table,
@@ -765,6 +782,9 @@ class Node:
         marks = await self._checkpoints.marks()
         self.settlement.restore(marks)
         self.delivery.marks.update(marks)
+        if self.peer_feeds is not None:
+            # What peers' senders left is held to their bounds (it is theirs to mint).
+            self.peer_feeds.restore_marks(list(marks))
         await self._rule_store.load()
         await self.sessions.load(epoch, await self._pending.stored())
         if self._take_over is not None:
@@ -948,6 +968,7 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._http.close()
+        await self._peer_http.close()
         await self.db.dispose()
         log.info("node stopped")
 

@@ -29,6 +29,11 @@ class RoutingTable:
         self._runtimes: dict[str, int] = {}  # runtimeURL -> session
         # stream address -> other domain -> its runtimes subscribed to it
         self._remote: dict[str, dict[str, set[str]]] = {}
+        # The same, by who asked: (domain, runtime) -> its addresses, so a request that names a
+        # runtime costs what that runtime holds, never a walk of every domain's subscriptions;
+        # and per domain, how many it holds (what its quota limits).
+        self._remote_of: dict[tuple[str, str], set[str]] = {}
+        self._remote_count: dict[str, int] = {}
         self._by_session: dict[int, _SessionEntries] = {}
         # Told how many of a session's allocated addresses went (the node's address bound
         # gives them back: services/allocation.py).
@@ -163,17 +168,38 @@ class RoutingTable:
             if entry is not None:
                 entry.subscriptions.discard(address)
 
-    def subscribe_domain(self, domain: str, runtime: str, addresses: Iterable[str]) -> None:
-        """A runtime of another domain subscribed, through its node, to ``addresses``."""
+    def subscribe_domain(self, domain: str, runtime: str, addresses: Iterable[str]) -> list[str]:
+        """A runtime of another domain subscribed, through its node, to ``addresses``. Returns
+        those it did not hold already (what its domain's count grew by)."""
+        held = self._remote_of.setdefault((domain, runtime), set())
+        added = []
         for address in addresses:
+            if address in held:
+                continue
+            held.add(address)
             self._remote.setdefault(address, {}).setdefault(domain, set()).add(runtime)
+            added.append(address)
+        if added:
+            self._remote_count[domain] = self._remote_count.get(domain, 0) + len(added)
+        elif not held:
+            del self._remote_of[(domain, runtime)]
+        return added
 
     def unsubscribe_domain(
         self, domain: str, runtime: str, addresses: Iterable[str] | None = None
     ) -> None:
-        """The runtime's subscriptions to ``addresses`` end (all of them when None)."""
-        targets = list(self._remote) if addresses is None else addresses
+        """The runtime's subscriptions to ``addresses`` end (all of them when None). Costs what
+        the request names (or the runtime holds), whatever the size of the table."""
+        held = self._remote_of.get((domain, runtime))
+        if held is None:
+            return
+        targets = list(held) if addresses is None else addresses
+        removed = 0
         for address in targets:
+            if address not in held:
+                continue
+            held.discard(address)
+            removed += 1
             remote = self._remote.get(address)
             runtimes = remote.get(domain) if remote is not None else None
             if remote is None or runtimes is None:
@@ -183,6 +209,22 @@ class RoutingTable:
                 del remote[domain]
             if not remote:
                 del self._remote[address]
+        if not held:
+            del self._remote_of[(domain, runtime)]
+        if removed:
+            left = self._remote_count.get(domain, 0) - removed
+            if left > 0:
+                self._remote_count[domain] = left
+            else:
+                self._remote_count.pop(domain, None)
+
+    def remote_held(self, domain: str) -> int:
+        """How many subscriptions the runtimes of ``domain`` hold here, all together."""
+        return self._remote_count.get(domain, 0)
+
+    def remote_holds(self, domain: str, runtime: str, address: str) -> bool:
+        held = self._remote_of.get((domain, runtime))
+        return held is not None and address in held
 
     def has_subscribers(self, address: str) -> bool:
         """Whether any local session subscribes to ``address``."""

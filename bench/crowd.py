@@ -120,6 +120,7 @@ class StackLike(Protocol):
         journal: bool,
         phase: str | None = None,
         scenarios: Scenarios | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None: ...
 
 

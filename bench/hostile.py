@@ -1,9 +1,12 @@
-"""A hostile runtime in the crowd (bench/run.py's ``hostile`` group, issue 22).
+"""A hostile runtime in the crowd (bench/run.py's ``hostile`` group, issues 22 and 41).
 
-The same crowd cell runs twice on fresh stacks: once alone, once with one hostile party beside
-it that sends 100 frames a second for the whole warm-up and window, cycling through the attacks
-of issue 22 and the fuzzer's frames (tests/support/grammar.py). The honest crowd's latency of
-both runs is reported side by side, and, per attack, what the hostile party obtained. It runs
+The same crowd cell runs three times on fresh stacks, in one run: once alone (the baseline),
+once with one hostile party beside it that sends 100 frames a second for the whole warm-up and
+window, cycling through the attacks of issue 22 and the fuzzer's frames
+(tests/support/grammar.py), and once beside a hostile crowd (bench/hostile_crowd.py: the poison
+message at 10/s, a session and allocation flood from one host, 1,000 idle handshakes and a peer
+domain's subscription burst). The honest crowd's latency and loss of the three runs are reported
+side by side, and what the hostile parties obtained. It runs
 two runtimes: one sends the fuzzer's frames and the overflowing numbered frame, the other the
 targeted requests, so that the node closing the fuzzer's socket (as it does for some frames)
 does not leave the requests without an answer.
@@ -48,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import hostile_crowd
 
 ROOT = Path(__file__).resolve().parent.parent
 RATE = 100.0  # hostile frames per second
@@ -447,6 +451,12 @@ ANSWERED_ATTACKS = frozenset(
 FULL_CELL = (200, 5.0, 60.0)
 QUICK_CELL = (10, 2.0, 5.0)
 P99_LIMIT = 1.5  # honest p99 with the hostile runtime, as a multiple of the crowd's alone
+# The arms, each on a fresh stack, in one run: the honest crowd alone (the baseline), beside one
+# hostile runtime, and beside a hostile crowd (bench/hostile_crowd.py).
+ARMS = ("alone", "with", "crowd")
+# The node's resident memory the hostile crowd may bring it to (MiB): what the honest crowd
+# alone takes plus the node-wide bounds' worth of sessions, addresses and sockets.
+RSS_LIMIT_MIB = 600.0
 
 
 async def run_group(
@@ -466,15 +476,18 @@ async def run_group(
     say("[bold]hostile: drawing the fuzzer's frames")
     known = [f"hyperty://{domain}/x", f"runtime://{domain}/hostile-bench-victim"]
     fuzz = await asyncio.to_thread(fuzz_frames, known, 60 if quick else FUZZ_FRAMES)
-    for arm in ("alone", "with"):
+    # Every arm's node is configured alike (the crowd's stand-in peer among its peers), so the
+    # baseline is the same node the hostile parties meet.
+    settings = hostile_crowd.node_settings()
+    sizes = hostile_crowd.QUICK if quick else hostile_crowd.FULL
+    for arm in ARMS:
         phase = f"hostile-{arm}"
-        say(
-            f"[bold]hostile: {cell.label} on the node, {arm}"
-            + (f" one hostile runtime at {RATE:g} frames/s" if arm == "with" else " (baseline)")
-        )
-
-        async def companion(url: str, start_at: float, seconds: float) -> dict[str, Any]:
-            return await Hostile(url, domain).run(start_at, seconds, fuzz)
+        beside = {
+            "alone": " (baseline)",
+            "with": f" one hostile runtime at {RATE:g} frames/s",
+            "crowd": " a hostile crowd (poison, session flood, idle sockets, a peer's burst)",
+        }[arm]
+        say(f"[bold]hostile: {cell.label} on the node, {arm}{beside}")
 
         async def scenarios(url: str, service: Any, phase: str = phase, arm: str = arm) -> None:
             synapse = stack.synapses.get(phase)
@@ -483,6 +496,23 @@ async def run_group(
                 "synapse": synapse.all_pids if synapse else None,
             }
             metrics = service.health_url.replace("/health", "/metrics")
+
+            async def one_runtime(url: str, start_at: float, seconds: float) -> dict[str, Any]:
+                return await Hostile(url, domain).run(start_at, seconds, fuzz)
+
+            async def the_crowd(url: str, start_at: float, seconds: float) -> dict[str, Any]:
+                party = hostile_crowd.Crowd(
+                    url,
+                    domain,
+                    service.health_url.removesuffix("/health"),
+                    stack.hs_token,
+                    service.proc.pid,
+                    metrics,
+                    sizes,
+                )
+                return await party.run(start_at, seconds)
+
+            companions = {"alone": None, "with": one_runtime, "crowd": the_crowd}
             await crowd.run_cell(
                 cell,
                 "node",
@@ -494,12 +524,14 @@ async def run_group(
                 say,
                 metrics,
                 test=f"hostile_{cell.label}_{arm}",
-                companion=companion if arm == "with" else None,
+                companion=companions[arm],
             )
 
         try:
-            await stack.run_node_like("node", command, journal, phase=phase, scenarios=scenarios)
-        except Exception as exc:  # noqa: BLE001 - report the arm as failed, keep the other
+            await stack.run_node_like(
+                "node", command, journal, phase=phase, scenarios=scenarios, settings=settings
+            )
+        except Exception as exc:  # noqa: BLE001 - report the arm as failed, keep the others
             say(f"  [red]hostile {arm} failed: {exc!r} (logs in {work})")
             results.add(f"hostile_{cell.label}_{arm}", target="node", error=repr(exc))
 
@@ -517,6 +549,44 @@ def checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"check": "hostile: both arms ran", "node": None, "limit": None, "met": False}]
     limit = None if alone["p99_ms"] is None else P99_LIMIT * alone["p99_ms"]
     report = beside.get("companion", {})
+    return runtime_checks(alone, beside, limit, report) + crowd_checks(rows, alone, limit)
+
+
+def crowd_checks(
+    rows: list[dict[str, Any]], alone: dict[str, Any], limit: float | None
+) -> list[dict[str, Any]]:
+    """The honest crowd beside the hostile crowd, against the same crowd alone (issue 41)."""
+    arm = next((r for r in rows if is_hostile_row(r) and r["test"].endswith("_crowd")), None)
+    if arm is None:
+        return []
+    if "error" in arm:
+        return [{"check": "hostile crowd: the arm ran", "node": None, "limit": None, "met": False}]
+    peak = arm.get("companion", {}).get("node_rss_mib", {}).get("peak")
+    return [
+        {
+            "check": "hostile crowd: every honest message delivered",
+            "node": arm["lost"],
+            "limit": 0,
+            "met": arm["lost"] == 0,
+        },
+        {
+            "check": f"hostile crowd: honest p99 <= {P99_LIMIT:g} x the crowd alone (ms)",
+            "node": arm["p99_ms"],
+            "limit": limit,
+            "met": limit is not None and arm["p99_ms"] is not None and arm["p99_ms"] <= limit,
+        },
+        {
+            "check": "hostile crowd: node RSS peak (MiB)",
+            "node": None if peak is None else round(peak, 1),
+            "limit": RSS_LIMIT_MIB,
+            "met": peak is not None and peak <= RSS_LIMIT_MIB,
+        },
+    ]
+
+
+def runtime_checks(
+    alone: dict[str, Any], beside: dict[str, Any], limit: float | None, report: dict[str, Any]
+) -> list[dict[str, Any]]:
     return [
         {
             "check": "hostile: every honest message delivered",
@@ -614,6 +684,22 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
             json.dumps(others) if others else "nothing",
         )
         console.print(attacks)
+    party = next((r for r in arms if r["test"].endswith("_crowd") and "companion" in r), None)
+    if party is not None:
+        report = party["companion"]
+        table = Table(title="what the hostile crowd did, and what the node said")
+        table.add_column("figure")
+        table.add_column("value")
+        for key, value in sorted(report["counts"].items()):
+            table.add_row(key, str(value))
+        table.add_row("poison: answers by code", json.dumps(report["poison_answers"]))
+        table.add_row(
+            "poison: sockets closed by the node", json.dumps(report["poison_close_codes"])
+        )
+        table.add_row("node RSS MiB (start / peak / end)", json.dumps(report["node_rss_mib"]))
+        for key, value in report["node_metrics_moved"].items():
+            table.add_row(key, f"+{value:g}")
+        console.print(table)
     for c in verdicts:
         mark = {True: "[green]yes", False: "[red]NO", None: "—"}[c["met"]]
         console.print(f"  {c['check']}: {c['node']} (limit {c['limit']}) {mark}")

@@ -205,8 +205,8 @@ async def fresh_homeserver_database(name: str) -> str:
 NODE_SETTINGS: dict[str, Any] = {}
 
 
-def _apply_settings(config: dict[str, Any]) -> dict[str, Any]:
-    for dotted, value in NODE_SETTINGS.items():
+def _apply_settings(config: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    for dotted, value in {**NODE_SETTINGS, **(extra or {})}.items():
         node = config
         *parents, leaf = dotted.split(".")
         for part in parents:
@@ -224,7 +224,10 @@ def write_config(
     as_token: str,
     hs_token: str,
     journal: bool,
+    settings: dict[str, Any] | None = None,
 ) -> None:
+    """``settings`` (dotted keys) apply after the command line's --node-setting ones: what a
+    group configures for every arm it compares."""
     dump_private_yaml(
         _apply_settings(
             {
@@ -247,7 +250,8 @@ def write_config(
                 "routing": {"journal": journal},
                 "dashboard": {"worker": False},
                 "logging": {"level": "WARNING", "format": "json"},
-            }
+            },
+            settings,
         ),
         path,
     )
@@ -719,10 +723,12 @@ class Stack:
         journal: bool,
         phase: str | None = None,
         scenarios: crowd.Scenarios | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         """The node (or the relay) as its own process, against a fresh homeserver. ``phase``
         names fresh files when a target runs more than once (the crowd's cells); ``scenarios``
-        replaces the groups of run_scenarios, given the stub URL and the service."""
+        replaces the groups of run_scenarios, given the stub URL and the service; ``settings``
+        (dotted keys) configure the node beyond the command line's."""
         phase = phase or name
         async with (
             self.homeserver(phase) as hs_url,
@@ -740,6 +746,7 @@ class Stack:
                 self.as_token,
                 self.hs_token,
                 journal=journal,
+                settings=settings,
             )
             cli = [sys.executable, "-m", "adapter.cli"]
             await asyncio.to_thread(

@@ -108,7 +108,8 @@ class SiblingLanes:
             room_id,
             Peer(f"process {writer}", "", self._bot.user_id),
             position,
-            lambda event: self._deliver(room_id, event),
+            # The domain's own processes' lanes: no peer's media to bound (see peer_traffic.py).
+            lambda event, _deadline: self._deliver(room_id, event),
             self._bot,
             self._metrics,
             last_n=start_n if position is None else 0,

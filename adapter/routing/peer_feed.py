@@ -12,7 +12,9 @@ What a peer can do to this node is bounded:
 - a gap: declared lost after ``GAP_DEADLINE_SECONDS`` (logged, counted), and the feed goes on
   with the next event it has;
 - an event that cannot be handled (its media cannot be fetched): retried with back-off for
-  ``EVENT_RETRY_SECONDS``, then skipped (logged, counted); the feed never dies of it.
+  ``EVENT_RETRY_SECONDS``, then skipped (logged, counted); the feed never dies of it. That
+  deadline holds across every attempt and every retry inside one (the handler is given it and
+  stops its waits there), so one event never holds the room longer.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class PeerFeed:
         room_id: str,
         peer: Peer,
         position: str | None,
-        handle: Callable[[dict[str, Any]], Awaitable[None]],
+        handle: Callable[[dict[str, Any], float], Awaitable[None]],
         bot: Intent,
         metrics: NodeMetrics,
         last_n: int = 0,
@@ -275,11 +277,14 @@ class PeerFeed:
             missing=f"{self._last_n + 1}..{first_held - 1}",
         )
         try:
-            if self._position is not None:
-                await self._read_forward()
-                if self._last_n + 1 in self._held:
-                    return
-            await self._read_backward()
+            # Reading only holds events: cut short at the gap's own deadline, whatever the
+            # homeserver client's retries inside would take.
+            async with asyncio.timeout(GAP_DEADLINE_SECONDS):
+                if self._position is not None:
+                    await self._read_forward()
+                    if self._last_n + 1 in self._held:
+                        return
+                await self._read_backward()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the homeserver may be away: try again later
@@ -349,17 +354,18 @@ class PeerFeed:
     async def _handle_with_retry(self, event: dict[str, Any]) -> None:
         """Handle one event; a failure (its media cannot be fetched, the database is away) is
         retried with back-off, then the event is skipped: later events must not wait for ever.
-        Retrying is safe: what was delivered before the failure is not delivered again."""
-        deadline = time.monotonic() + EVENT_RETRY_SECONDS
+        Retrying is safe: what was delivered before the failure is not delivered again. The
+        handler gets the deadline (the loop's clock) and ends its waits there."""
+        deadline = asyncio.get_running_loop().time() + EVENT_RETRY_SECONDS
         delay = 0.5
         while True:
             try:
-                await self._handle(event)
+                await self._handle(event, deadline)
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - judged below: retried, then skipped
-                if time.monotonic() + delay > deadline:
+                if asyncio.get_running_loop().time() + delay > deadline:
                     log.error(
                         "a peer's event could not be handled; skipped",
                         peer=self.peer.domain,

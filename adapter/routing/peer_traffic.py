@@ -20,6 +20,11 @@ on this node's side (DESIGN §10):
 
 Events in rooms this node writes itself are not the peer's to send: ignored (and refused by the
 rooms' power levels before they reach here).
+
+A peer's work never waits in this domain's line: ``bot`` here acts through a pool of homeserver
+connections of its own (node.py), a peer's event has one deadline for all its media waits
+(peer_feed.py), and a peer may have this node follow at most ``max_rooms`` rooms (an invitation
+beyond is refused and counted).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import structlog
@@ -61,6 +66,7 @@ from .federation import Federation, event_number
 from .inbound import RetryTransaction
 from .lanes import Outbox, Outgoing
 from .peer_feed import PeerFeed
+from .peer_origins import PeerOrigins
 from .peer_requests import (
     SUBSCRIBE,
     UNSUBSCRIBE,
@@ -92,6 +98,14 @@ def peer_origin(domain: str, origin: str) -> str:
     if len(spelled) <= MAX_ORIGIN:
         return spelled
     return f"{PEER_ORIGIN_PREFIX}{hashlib.sha256(domain.encode()).hexdigest()[:24]}:{origin}"
+
+
+def peer_origin_prefixes(domain: str) -> tuple[str, ...]:
+    """How the origins ``peer_origin`` makes for ``domain`` start, both spellings."""
+    return (
+        f"{PEER_ORIGIN_PREFIX}{domain}:",
+        f"{PEER_ORIGIN_PREFIX}{hashlib.sha256(domain.encode()).hexdigest()[:24]}:",
+    )
 
 
 class PeerFeeds:
@@ -136,10 +150,20 @@ class PeerFeeds:
         self._registry_address = domain_registry_address(local_domain)
         self._is_node_address = node_addresses(local_domain)
         self._feeds: dict[str, PeerFeed] = {}
+        # Per peer domain, the rooms followed or being joined (bounded by its max_rooms).
+        self._rooms_of: dict[str, set[str]] = {}
         # Subscriptions sent to peers, by request id, until they answer them.
         # Keyed by (peer domain, request id): only the peer a request went to confirms it.
         self._confirmations: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # Which of each peer's sender ids keep their marks (bounded: peer_origins.py).
+        self._origins = PeerOrigins(
+            peer_origin_prefixes,
+            self._drop_origins,
+            metrics.quota_refusals.labels("peer_origins").inc,
+        )
+        # One per peer domain (the configured peers): see _subscriptions_lock.
+        self._subscription_locks: dict[str, asyncio.Lock] = {}
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -147,14 +171,34 @@ class PeerFeeds:
         task.add_done_callback(self._background.discard)  # type: ignore[arg-type]
 
     async def start(self, positions: dict[str, str]) -> None:
-        """Follow every peer room this node joined before."""
+        """Follow every peer room this node joined before (within each peer's bound)."""
         for room_id, domain in await self._rooms.from_peer_rooms():
             try:
                 peer = await self._federation.peers.resolve(domain)
             except PeerRefused as refused:
                 log.warning("not following a former peer", peer=domain, reason=refused.reason)
                 continue
+            if not self._take_room(peer, room_id):
+                continue
             self._follow(room_id, peer, positions.get(room_id))
+
+    def _take_room(self, peer: Peer, room_id: str) -> bool:
+        """Whether this node follows one more room of ``peer``: checked and taken at once (the
+        invitations of one push are judged side by side). Refused beyond ``max_rooms``."""
+        rooms = self._rooms_of.setdefault(peer.domain, set())
+        if room_id in rooms:
+            return True
+        if len(rooms) >= peer.max_rooms:
+            self._metrics.quota_refusals.labels("peer_rooms").inc()
+            log.warning(
+                "a peer's room refused: it has this node follow the most allowed",
+                peer=peer.domain,
+                room=room_id,
+                max_rooms=peer.max_rooms,
+            )
+            return False
+        rooms.add(room_id)
+        return True
 
     def _feed(self, room_id: str, peer: Peer, position: str | None, last_n: int = 0) -> PeerFeed:
         feed = PeerFeed(
@@ -191,7 +235,20 @@ class PeerFeeds:
             if peer is None or not isinstance(room_id, str):
                 log.warning("invitation from a stranger ignored", sender=event.get("sender"))
                 continue
+            if room_id in self._rooms_of.get(peer.domain, ()):
+                continue  # followed already, or being joined
+            if not self._take_room(peer, room_id):
+                self._spawn(self._refuse_room(room_id, peer))
+                continue
             self._spawn(self._join(room_id, peer))
+
+    async def _refuse_room(self, room_id: str, peer: Peer) -> None:
+        """Decline an invitation beyond the peer's bound (once: a peer that invites again is
+        refused again)."""
+        try:
+            await self._bot.leave_and_forget(room_id)
+        except Exception as exc:  # noqa: BLE001 - the invitation stays unanswered: harmless
+            log.info("declining a peer's room failed", peer=peer.domain, error=str(exc))
 
     async def _join(self, room_id: str, peer: Peer) -> None:
         delay = 0.5
@@ -239,6 +296,10 @@ class PeerFeeds:
         if await self._rooms.writes_in(room_id):
             log.warning("a peer's event in a room this node writes ignored", peer=peer.domain)
             return False
+        if room_id in self._feeds:
+            return True  # adopted meanwhile (the same push)
+        if not self._take_room(peer, room_id):
+            return False
         await self._rooms.joined_from_peer(room_id, peer.domain)
         feed = self._feed(room_id, peer, None, last_n=event_number(event.get("content")) - 1)
         feed.start_here()
@@ -247,11 +308,20 @@ class PeerFeeds:
 
     # -- one event of a peer ------------------------------------------------------------------
 
-    async def _deliver(self, peer: Peer, room_id: str, event: dict[str, Any]) -> None:
-        """Raises what fetching the event's media raised (the feed retries)."""
+    async def _deliver(
+        self, peer: Peer, room_id: str, event: dict[str, Any], deadline: float
+    ) -> None:
+        """Raises what fetching the event's media raised (the feed retries), and TimeoutError
+        once ``deadline`` (the loop's clock) passes while it waits for them: the homeserver
+        client's own retries stop there too."""
         event_id = event.get("event_id")
+
+        async def download(uri: str) -> bytes:
+            async with asyncio.timeout_at(deadline):
+                return await self._bot.download(uri)
+
         try:
-            routed = await carrier.decode_batch(event.get("content"), self._bot.download)
+            routed = await carrier.decode_batch(event.get("content"), download)
         except carrier.CarrierError as exc:
             log.warning("unreadable peer event skipped", peer=peer.domain, error=str(exc))
             self._metrics.matrix_events_in.labels("undecodable").inc()
@@ -272,6 +342,24 @@ class PeerFeeds:
             await self._delivery.deliver(routed, ticket, admit=admit)
         else:
             await self._relay_event(self._relay, routed, ticket, admit)
+        self._origins.seen(peer, [sender.origin for sender in senders.values()])
+
+    def restore_marks(self, origins: Iterable[str]) -> None:
+        """At a start, the peers' marks the database kept: held to each peer's bound."""
+        self._origins.restore(self._federation.peers.configured(), origins)
+
+    def _drop_origins(self, origins: list[str], peer: Peer | None) -> None:
+        """Let those sender ids' marks go, from memory and from the database."""
+        for origin in origins:
+            self._delivery.marks.pop(origin, None)
+            self._relayed.pop(origin, None)
+        rooms = self._rooms_of.get(peer.domain, ()) if peer is not None else ()
+        self._settlement.drop(origins, rooms)
+        log.info(
+            "a peer's sender marks let go",
+            peer=peer.domain if peer is not None else "(no peer any more)",
+            origins=len(origins),
+        )
 
     async def _relay_event(
         self,
@@ -426,15 +514,17 @@ class PeerFeeds:
             return 400, f"body.source must name the {peer.domain} runtime that asks"
         if message.type == UNSUBSCRIBE and resources is None:
             # The runtime's session ended: everything it held here ends with it.
-            await self._remote.unsubscribe(peer.domain, runtime)
             self._table.unsubscribe_domain(peer.domain, runtime)
+            async with self._subscriptions_lock(peer.domain):
+                await self._remote.unsubscribe(peer.domain, runtime)
             return 200, "unsubscribed"
         if not isinstance(resources, list) or not resources:
             return 400, "body.resources must be a non-empty list of addresses"
         addresses = list(dict.fromkeys(r for r in resources if isinstance(r, str)))
         if message.type == UNSUBSCRIBE:
-            await self._remote.unsubscribe(peer.domain, runtime, addresses)
             self._table.unsubscribe_domain(peer.domain, runtime, addresses)
+            async with self._subscriptions_lock(peer.domain):
+                await self._remote.unsubscribe(peer.domain, runtime, addresses)
             return 200, "unsubscribed"
         for address in resources:
             if not isinstance(address, str) or len(address.encode()) > MAX_ADDRESS_BYTES:
@@ -445,14 +535,31 @@ class PeerFeeds:
             denied = self._policy.check_subscription(runtime, None, address)
             if denied is not None:
                 return 403, denied
-        held = await self._remote.count(peer.domain)
-        if held + len(addresses) > peer.max_subscriptions:
+        # Checked and taken in one step, before any wait: the requests of one batch run side by
+        # side, and each must see what the others took (the table is the count, kept in step
+        # with the database, which is written after).
+        new = [a for a in addresses if not self._table.remote_holds(peer.domain, runtime, a)]
+        held = self._table.remote_held(peer.domain)
+        if held + len(new) > peer.max_subscriptions:
             self._metrics.quota_refusals.labels("peer_subscriptions").inc()
             return 429, f"{peer.domain}'s runtimes hold {held} subscriptions here, the most allowed"
-        await self._remote.subscribe(peer.domain, runtime, addresses)
-        self._table.subscribe_domain(peer.domain, runtime, addresses)
         # From now on this domain's publications to them reach the peer.
+        taken = self._table.subscribe_domain(peer.domain, runtime, new)
+        try:
+            async with self._subscriptions_lock(peer.domain):
+                await self._remote.subscribe(peer.domain, runtime, addresses)
+        except BaseException:
+            self._table.unsubscribe_domain(peer.domain, runtime, taken)
+            raise
         return 200, "subscribed"
+
+    def _subscriptions_lock(self, domain: str) -> asyncio.Lock:
+        """One peer's subscription writes reach the database in the order its requests were
+        taken (an unsubscription never overtakes the subscription it ends)."""
+        lock = self._subscription_locks.get(domain)
+        if lock is None:
+            lock = self._subscription_locks[domain] = asyncio.Lock()
+        return lock
 
     def _confirmed(self, peer: Peer, message: Message) -> None:
         waiter = self._confirmations.pop((peer.domain, str(message.id)), None)

@@ -34,6 +34,9 @@ class Peer:
     # Whose identities its node may vouch for: its own domain's and these identity providers'.
     vouches_for: frozenset[str] = frozenset()
     max_subscriptions: int = 100_000
+    max_rooms: int = 16
+    max_origins: int = 10_000
+    origin_idle_seconds: float = 3600.0
 
 
 class PeerRefused(Exception):
@@ -81,6 +84,9 @@ class Peers:
             config.bot or f"@{DEFAULT_BOT_LOCALPART}:{server_name}",
             frozenset(ascii_lower(d) for d in (domain, *config.identity_providers)),
             config.max_subscriptions,
+            config.max_rooms,
+            config.max_origins,
+            config.origin_idle_seconds,
         )
 
     def remote_domain(self, address: str) -> str | None:
@@ -90,6 +96,13 @@ class Peers:
 
     def known(self) -> list[Peer]:
         return list(self._known.values())
+
+    def configured(self) -> list[Peer]:
+        """Every peer of the allow list, with its bounds (a peer found by discovery named by its
+        domain until it is resolved)."""
+        return [
+            self._known.get(domain) or self._peer(domain, domain) for domain in self._config.peers
+        ]
 
     def by_bot(self, user_id: str) -> Peer | None:
         """The peer whose node acts as ``user_id`` (an inviter, a room's writer)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Collection, Iterable
 
 import structlog
 
@@ -62,6 +63,17 @@ class LaneLedger:
         self._open.append(ticket)
         return ticket
 
+    def drop(self, origins: Collection[str]) -> None:
+        """Those origins' marks leave the events still open (see ``Settlement.drop``)."""
+        for ticket in self._open:
+            marks = ticket.marks
+            if len(marks) <= len(origins):
+                for origin in [o for o in marks if o in origins]:
+                    del marks[origin]
+            else:
+                for origin in origins:
+                    marks.pop(origin, None)
+
     def advance(self, marks: dict[str, int], changed: set[str]) -> str | None:
         """Forget the settled events at the front; fold their marks into ``marks`` (adding the
         origins whose mark moved to ``changed``). Returns the new position (the last of them),
@@ -97,6 +109,8 @@ class Settlement:
         self._positions_due: dict[str, str] = {}
         self._marks_due: set[str] = set()
         self._forget_after_write: set[str] = set()
+        # Origins let go for good whose rows are deleted at the next checkpoint.
+        self._rows_dropped: set[str] = set()
         self._lock = asyncio.Lock()
 
     def restore(self, marks: dict[str, int]) -> None:
@@ -109,6 +123,21 @@ class Settlement:
             self._forget_after_write.add(origin)
         else:
             self.settled_marks.pop(origin, None)
+
+    def drop(self, origins: Collection[str], rooms: Iterable[str] = ()) -> None:
+        """Origins whose marks are let go for good (a peer's senders beyond its bound, or idle
+        for long): out of memory now, out of the open events of ``rooms`` (the only lanes that
+        carry them), and their rows deleted at the next checkpoint, so neither memory nor the
+        table keeps what a peer mints. A message of one sent again later is delivered again."""
+        for room in rooms:
+            ledger = self._ledgers.get(room)
+            if ledger is not None:
+                ledger.drop(origins)
+        for origin in origins:
+            self.settled_marks.pop(origin, None)
+            self._marks_due.discard(origin)
+            self._forget_after_write.discard(origin)
+        self._rows_dropped.update(origins)
 
     def ledger(self, room_id: str) -> LaneLedger:
         ledger = self._ledgers.get(room_id)
@@ -154,16 +183,18 @@ class Settlement:
                 deletes.append((mailbox, mailbox.delete_through))
             if not mailbox.dirty:
                 self._mailboxes.discard(mailbox)
-        if not (kept or deletes or self._positions_due or self._marks_due):
+        if not (kept or deletes or self._positions_due or self._marks_due or self._rows_dropped):
             return
         positions = dict(self._positions_due)
         marks = {origin: self.settled_marks[origin] for origin in self._marks_due}
+        dropped = sorted(self._rows_dropped)
         try:
             await self._store.commit(
                 [(m.session_id, entries) for m, entries in kept],
                 [(m.session_id, through) for m, through in deletes],
                 positions,
                 marks,
+                dropped,
             )
         except BaseException:
             self._metrics.checkpoints.labels("failed").inc()
@@ -180,6 +211,7 @@ class Settlement:
             if self._positions_due.get(room) == event:
                 del self._positions_due[room]
         self._marks_due.difference_update(marks)
+        self._rows_dropped.difference_update(dropped)
         for origin in self._forget_after_write & marks.keys():
             self.settled_marks.pop(origin, None)
         self._forget_after_write.difference_update(marks)

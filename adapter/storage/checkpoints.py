@@ -36,6 +36,9 @@ _MARKS_FROM_JSON = text(
     f"FROM json_each(:marks) WHERE true {_UPSERT_MARK}"
 ).bindparams(bindparam("now", type_=SenderMark.__table__.c.updated_at.type))
 
+# Origins deleted per statement (SQLite allows some hundreds of parameters in one).
+_DROP_CHUNK = 500
+
 
 class CheckpointStore:
     def __init__(self, db: Database, process: str = "") -> None:
@@ -93,7 +96,10 @@ class CheckpointStore:
         deletes: Sequence[tuple[int, int]],
         positions: Mapping[str, str],
         marks: Mapping[str, int],
+        dropped: Sequence[str] = (),
     ) -> None:
+        """``dropped``: origins whose rows go (before ``marks`` are written: one that moved
+        again since it was let go keeps its new mark)."""
         now = utcnow()
         rows = kept_rows(kept, now)
         payloads = kept_payloads(kept, now)
@@ -114,6 +120,13 @@ class CheckpointStore:
             delete_through(conn, deletes)
             if position_rows:
                 conn.execute(self._positions, position_rows)
+            for start in range(0, len(dropped), _DROP_CHUNK):
+                conn.execute(
+                    delete(SenderMark).where(
+                        SenderMark.process == self._process,
+                        SenderMark.origin.in_(dropped[start : start + _DROP_CHUNK]),
+                    )
+                )
             if marks:
                 conn.execute(mark_statement, mark_rows)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, delete, select
 
 from .clock import utcnow
 from .database import Database, upsert
@@ -37,12 +37,6 @@ class RemoteSubscriptionStore:
                 return
             query = query.where(_R.address.in_(list(addresses)))
         await self._db.run(lambda conn: conn.execute(query))
-
-    async def count(self, domain: str) -> int:
-        def op(conn: Connection) -> int:
-            return int(conn.execute(select(func.count()).where(_R.domain == domain)).scalar_one())
-
-        return await self._db.run(op)
 
     async def all(self) -> list[tuple[str, str, str]]:
         """(address, domain, runtime) of every remote subscription."""

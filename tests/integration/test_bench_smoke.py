@@ -109,6 +109,20 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
     assert all(beside["refused"].get(attack) for attack in tried), beside
     refused = next(c for c in report["checks"] if c["check"].startswith("hostile: every targeted"))
     assert refused["met"] is True, refused
+    # A hostile crowd beside the same crowd (issue 41): the arm ran, each party acted, and its
+    # figures are checked against the crowd alone of the same run.
+    crowd_arm = next(r for r in rows if r["test"] == "hostile_crowd_10x2_crowd")
+    assert "error" not in crowd_arm and crowd_arm["p99_ms"] is not None, crowd_arm
+    party = crowd_arm["companion"]
+    counts = party["counts"]
+    assert counts.get("poison_sent") and counts.get("peer_transactions_200"), party
+    assert counts.get("flood_sessions_opened") or counts.get("flood_sessions_refused"), party
+    assert counts.get("idle_opened") or any(k.startswith("idle_refused") for k in counts), party
+    assert party["node_rss_mib"]["peak"] is not None, party
+    assert {c["check"] for c in report["checks"]} >= {
+        "hostile crowd: every honest message delivered",
+        "hostile crowd: node RSS peak (MiB)",
+    }
 
 
 async def test_unknown_benchmark_group_is_refused() -> None:

@@ -41,6 +41,8 @@ A, B = "a.mn.test", "b.mn.test"
 # A route Carol learned (an address of a domain neither node serves): known, and protected.
 PROTECTED = "hyperty://elsewhere.example/protected"
 HELLO_SECONDS = 90
+# What B's runtimes may subscribe to here, all together (issue 41 row 10).
+PEER_SUBSCRIPTIONS = 20
 
 
 @dataclass
@@ -153,7 +155,11 @@ async def _start_a(federation: Federation, databases: Databases) -> Node:
             url,
             **{
                 "federation.peers": {
-                    B: {"server_name": federation.b.server_name, "identity_providers": ["idp.b"]}
+                    B: {
+                        "server_name": federation.b.server_name,
+                        "identity_providers": ["idp.b"],
+                        "max_subscriptions": PEER_SUBSCRIPTIONS,
+                    }
                 },
                 "policy.rules": [{"to": PROTECTED, "action": "deny", "reason": "protected"}],
             },
@@ -269,6 +275,46 @@ async def test_a_peer_subscribes_only_to_this_domains_streams_for_a_named_runtim
     await b.send([("bnode", b.n + 1, [f"domain://msg-node.{A}/sm"], left)])
     assert (await _answer(arena, "left"))["body"]["code"] == 200
     assert a.monitor.receivers((stream,), None).domains == frozenset()
+    assert await a._remote_subscriptions.all() == []
+
+
+async def test_one_batch_of_subscriptions_never_exceeds_the_peers_quota(arena: Arena) -> None:
+    """Issue 41 row 10: one event of B carries 30 subscriptions x 5 streams against a quota of
+    20; they are judged side by side, yet A grants 4 and refuses 26 (429, counted), and holds
+    20. Then each runtime leaves, with an unsubscription naming only itself."""
+    b, a = arena.b, arena.a
+    sm = f"domain://msg-node.{A}/sm"
+    texts = [
+        _sub(
+            "subscribe",
+            [f"comm://{A}/burst{i}-{k}/changes" for k in range(5)],
+            source=f"runtime://{B}/burst{i}",
+        )
+        for i in range(30)
+    ]
+    await b.send([("bburst", 1 + i, [sm], t) for i, t in enumerate(texts)])
+    codes = [(await _answer(arena, orjson.loads(t)["id"]))["body"]["code"] for t in texts]
+    assert codes.count(200) == 4 and codes.count(429) == 26, codes
+    assert len(await a._remote_subscriptions.all()) == PEER_SUBSCRIPTIONS
+    refused = a.metrics.registry.get_sample_value(
+        "rethink_mn_quota_refusals_total", {"quota": "peer_subscriptions"}
+    )
+    assert refused == 26
+    leaving = [
+        orjson.dumps(
+            {
+                "id": f"leave-{i}-{os.urandom(3).hex()}",
+                "type": "unsubscribe",
+                "from": f"domain://msg-node.{B}/sm",
+                "to": sm,
+                "body": {"source": f"runtime://{B}/burst{i}"},
+            }
+        ).decode()
+        for i in range(30)
+    ]
+    await b.send([("bburst", 31 + i, [sm], t) for i, t in enumerate(leaving)])
+    for t in leaving:
+        assert (await _answer(arena, orjson.loads(t)["id"]))["body"]["code"] == 200
     assert await a._remote_subscriptions.all() == []
 
 

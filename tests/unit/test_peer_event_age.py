@@ -16,7 +16,7 @@ from adapter.routing.peers import Peer
 from appservice.intent import Intent
 
 
-async def _handled(_event: dict[str, Any]) -> None:
+async def _handled(_event: dict[str, Any], _deadline: float) -> None:
     return None
 
 

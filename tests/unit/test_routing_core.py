@@ -197,6 +197,7 @@ class FakeCheckpoints:
         deletes: Sequence[tuple[int, int]],
         positions: Mapping[str, str],
         marks: Mapping[str, int],
+        dropped: Sequence[str] = (),
     ) -> None:
         if self.fail:
             raise ConnectionError("database down")
