@@ -98,6 +98,11 @@ def _optional(code: int, names: tuple[str, ...]) -> str | None:
     return None if code == NULL else names[code]
 
 
+# The domain pair refused requests count in (adapter/analytics/aggregates.py REFUSED_DOMAIN).
+REFUSED_DOMAIN = "(refused)"
+REFUSED_KEY = -2
+
+
 class KnownAnswerBuilder:
     def __init__(self, world: World, top_n: int) -> None:
         self.world = world
@@ -141,8 +146,11 @@ class KnownAnswerBuilder:
         from_auth = np.where(frm >= 0, world.pool_authority[frm], NULL) + 1
         to_auth = np.where(to >= 0, world.pool_authority[to], NULL) + 1
         domain_key = from_auth * authorities + to_auth
-        self.domain_messages.update(_counts(domain_key))
-        self.domain_bytes.update(_counts(domain_key, body))
+        # A refused request's addresses are whatever its runtime wrote: it counts in a domain
+        # pair of its own, never for the domains it names.
+        refused = kind == K_REJECTED_REQUEST
+        self.domain_messages.update(_counts(np.where(refused, REFUSED_KEY, domain_key)))
+        self.domain_bytes.update(_counts(np.where(refused, REFUSED_KEY, domain_key), body))
 
         sent = np.isin(kind, [K_ROUTED, K_SERVICE_REQUEST, K_REJECTED_REQUEST])
         by_runtime = sent & (r["runtime"] >= 0)
@@ -150,7 +158,7 @@ class KnownAnswerBuilder:
         self.runtime_bytes += np.bincount(
             r["runtime"][by_runtime], weights=body[by_runtime], minlength=world.runtimes
         ).astype(np.int64)
-        by_hyperty = sent & (frm >= 0)
+        by_hyperty = np.isin(kind, [K_ROUTED, K_SERVICE_REQUEST]) & (frm >= 0)
         by_hyperty[by_hyperty] = world.pool_is_hyperty[frm[by_hyperty]]
         pool_size = len(world.pool)
         self.hyperty_messages += np.bincount(frm[by_hyperty], minlength=pool_size)
@@ -343,8 +351,12 @@ class KnownAnswerBuilder:
         tables[names.DOMAIN_TRAFFIC] = _table(
             [
                 {
-                    "from_domain": authority(key // authorities),
-                    "to_domain": authority(key % authorities),
+                    "from_domain": REFUSED_DOMAIN
+                    if key == REFUSED_KEY
+                    else authority(key // authorities),
+                    "to_domain": REFUSED_DOMAIN
+                    if key == REFUSED_KEY
+                    else authority(key % authorities),
                     "messages": n,
                     "bytes": self.domain_bytes[key],
                 }
