@@ -272,8 +272,8 @@ class Domain:
             counts: dict[str, int] = {}
             last_from: dict[str, int] = {}
             for m in a.seen:
-                if not isinstance(m, dict):
-                    continue
+                if not isinstance(m, dict) or "type" not in m:
+                    continue  # a control frame ({cmd: …}), not a reTHINK message
                 mid = m.get("id")
                 if not isinstance(mid, str):
                     if a.honest:
