@@ -85,6 +85,12 @@ SKIPPED = frozenset(
     if os.environ.get("RETHINK_MODEL_RULES") == "all"
     else (_SKIP.split(",") if _SKIP is not None else OPEN_ATTACKS)
 )
+# Addresses the node still lets a runtime speak from, against docs/stub-protocol.md ("Speak
+# from"), found by the model (test_nobody_speaks_from_this_domains_bare_stub_host): left out of
+# forge_from like an open attack (RETHINK_MODEL_RULES=all puts them back).
+OPEN_ADDRESSES = (f"hyperty-runtime://{D}",)
+if os.environ.get("RETHINK_MODEL_RULES") != "all" and _SKIP is None:
+    SKIPPED = SKIPPED | frozenset(OPEN_ADDRESSES)
 # Shrinking a failure re-runs its example many times (minutes on a real node);
 # RETHINK_MODEL_SHRINK=0 reports the first failing example as found (how long finding takes).
 SHRINK = os.environ.get("RETHINK_MODEL_SHRINK", "1") != "0"
@@ -527,19 +533,23 @@ class DomainMachine(RuleBasedStateMachine):
             out.append(f"user://gmail.com/{name}")
         out += sorted(self.model.released)
         out += [REGISTRY, f"domain://msg-node.{D}/sm", "global://registry/"]
-        out += [f"runtime://other.example/{self.model.run}-x", f"hyperty-runtime://{D}"]
+        out += [f"runtime://other.example/{self.model.run}-x"]
+        out += [a for a in OPEN_ADDRESSES if a not in SKIPPED]
         return out
 
     @rule(pick=st.integers(0, 200), spelled=st.integers(0, 5), dest=st.sampled_from(HONEST))
     def forge_from(self, pick: int, spelled: int, dest: str) -> None:
         """Mallory speaks from an address that is not its own (any spelling of it)."""
-        m, t = self.mallory, self.a(dest)
-        if not (m.state == "live" and t.hyperties):
-            return
         victims = self._victim_addresses()
         frm = victims[pick % len(victims)]
         if spelled:
             frm = spellings(frm)[spelled - 1]
+        self.forge(frm, dest)
+
+    def forge(self, frm: str, dest: str) -> None:
+        m, t = self.mallory, self.a(dest)
+        if m.state != "live" or not t.hyperties:
+            return
         s = self.model.expect(
             m, frm, t.hyperties[0], refused=True, what=f"mallory speaking from {frm!r}"
         )
@@ -897,4 +907,96 @@ async def test_the_node_keeps_the_domains_promises(
     print(
         f"domain model: {rounds} rounds, {DomainMachine.examples} examples, "
         f"{DomainMachine.steps} steps in {time.monotonic() - started:.0f} s, no promise broken"
+    )
+
+
+# -- what the model found, kept as regression tests ------------------------------------------
+#
+# Each replays, step by step, a failing example the model found (shrunk by hand to its steps),
+# on a fresh node. Those marked xfail are attacks of issue 41 that today's main does not yet
+# withstand (strict: once fixed they pass, and the mark must go, with the rule's name from
+# OPEN_ATTACKS).
+
+
+async def _replay(
+    homeserver: Homeserver, databases: Databases, *steps: tuple[str, dict[str, Any]]
+) -> None:
+    DomainMachine.ctx = Context(
+        asyncio.get_running_loop(), homeserver, databases, time.monotonic() + 3600
+    )
+
+    def run() -> None:
+        machine = DomainMachine()
+        try:
+            machine.start()
+            machine.promises_hold()
+            for name, arguments in steps:
+                getattr(machine, name)(**arguments)
+                machine.promises_hold()
+        finally:
+            machine.teardown()
+
+    await asyncio.to_thread(run)
+
+
+OPEN_41 = "issue 41 is open on this main: the model's example still fails"
+
+
+@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 5)")
+async def test_an_away_runtimes_session_outlives_a_session_flood(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Issue 41 row 5, as the model found it: carol's socket drops, mallory opens fresh
+    sessions beyond `stub.max_detached_sessions`, carol comes back with her token — and must
+    resume (with what was kept for her)."""
+    await _replay(
+        homeserver,
+        databases,
+        ("drop", {"name": "carol"}),
+        ("session_flood", {}),
+        ("come_back", {"name": "carol", "fresh": False}),
+    )
+
+
+@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 5, then issue 42's takeover)")
+async def test_a_session_flood_never_frees_an_away_runtimes_url(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Issue 41 row 5 opening an issue-42 takeover, as the model found it: alice's socket
+    drops, a session flood evicts her session, and with it her claim on her runtimeURL:
+    mallory connects with it and gets `200 new`."""
+    await _replay(
+        homeserver,
+        databases,
+        ("drop", {"name": "alice"}),
+        ("session_flood", {}),
+        ("mallory_connects_as", {"name": "alice", "how": "v1"}),
+    )
+
+
+@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 4)")
+async def test_idle_sockets_never_keep_a_runtime_out(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Issue 41 row 4, as the model found it: sockets that never send `connect`, as many as
+    `stub.max_connections`, and dave (retrying with back-off for the settle bound) never gets
+    in."""
+    await _replay(
+        homeserver,
+        databases,
+        ("idle_sockets", {}),
+        ("connect_anew", {"name": "dave"}),
+    )
+
+
+@pytest.mark.xfail(strict=True, reason="found by the model: the node lets a runtime speak from it")
+async def test_nobody_speaks_from_this_domains_bare_stub_host(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Found by the model on main: mallory sends `from: hyperty-runtime://mn.test` (the bare
+    stub host of this domain: no stub's URL, `hyperty-runtime://<domain>/protostub/<n>`, and the
+    older runtimeURL form's parent) and the node delivers it to bob instead of refusing 403:
+    the node learns it as mallory's route."""
+    await _replay(
+        homeserver, databases, ("forge", {"frm": f"hyperty-runtime://{D}", "dest": "bob"})
     )
