@@ -717,28 +717,44 @@ class DomainMachine(RuleBasedStateMachine):
                 f'"body":{{"deep":{deep}}}}}'
             )
             assert m.rt is not None
-            await m.rt.send(poison)
-            sends = []
+            pairs = []
             for sender in senders:
                 others = [t for t in targets if t is not sender]
-                if not others:
-                    continue
-                target = others[0]
-                s = self.model.expect(
-                    sender,
-                    sender.hyperties[0] if sender.hyperties else sender.url,
-                    target.hyperties[0],
-                    refused=False,
-                    must={target.name},
-                    what=f"honest beside a poison ({sender.name}->{target.name})",
-                )
-                sends.append(self._send(sender, s))
-            release = self._request(
+                if others:
+                    pairs.append((sender, others[0]))
+
+            async def honest(tag: str) -> None:
+                for sender, target in pairs:
+                    s = self.model.expect(
+                        sender,
+                        sender.hyperties[0] if sender.hyperties else sender.url,
+                        target.hyperties[0],
+                        refused=False,
+                        must={target.name},
+                        what=f"honest {tag} a poison ({sender.name}->{target.name})",
+                    )
+                    await self._send(sender, s)
+
+            # The first message goes to the homeserver alone; what queues behind it (the poison,
+            # then the honest messages) travels in the next event together.
+            await honest("before")
+            await m.rt.send(poison)
+            await honest("beside")
+            released = await self._request(
                 m, HYPERTY_ALLOCATION, "delete", {"resource": doomed}, what="poison release"
             )
-            await asyncio.gather(release, *sends)
+            assert self.code(released) == 200, f"mallory could not let {doomed} go: {released}"
             m.hyperties.remove(doomed)
             self.model.released.add(doomed)
+            # Mallory's own message must come to something too: delivered (before the
+            # release) or answered 404 (its destination left, docs/stub-protocol.md).
+            came = await wait_for(
+                lambda: any(isinstance(x, dict) and x.get("id") == 1.5 for x in m.seen), SETTLE
+            )
+            assert came, (
+                "mallory's message (id 1.5, body nested deep) to its released hyperty was "
+                f"neither delivered nor answered within {SETTLE} s: lost silently"
+            )
 
         self.run(go())
 
@@ -999,4 +1015,33 @@ async def test_nobody_speaks_from_this_domains_bare_stub_host(
     the node learns it as mallory's route."""
     await _replay(
         homeserver, databases, ("forge", {"frm": f"hyperty-runtime://{D}", "dest": "bob"})
+    )
+
+
+@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 1)")
+async def test_a_poisoned_message_harms_no_other(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Issue 41 row 1 as the model drives it: a message with a float id and a body nested
+    1,000 deep, to mallory's own hyperty that it lets go before delivery, in one event with
+    honest messages: each honest message must still arrive, and mallory must be answered 404.
+    On this main the honest messages arrive, but the answer's re-parse of the frame raises
+    RecursionError, the lane event's delivery fails three times, and mallory hears nothing."""
+    await _replay(homeserver, databases, ("poison", {"depth": 1000}))
+
+
+@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 7)")
+async def test_a_full_inbox_still_takes_an_honest_senders_message(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Issue 41 row 7 as the model drives it: bob is away, mallory fills his inbox
+    (`quotas.waiting_bytes`), alice's small message to bob must still be taken and delivered
+    when he is back."""
+    await _replay(
+        homeserver,
+        databases,
+        ("drop", {"name": "bob"}),
+        ("fill_inbox", {"name": "bob", "size": 40_000}),
+        ("send", {"sender": "alice", "dest": "bob", "kind": "hyperty", "pick": 0, "count": 1}),
+        ("come_back", {"name": "bob", "fresh": False}),
     )
