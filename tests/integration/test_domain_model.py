@@ -894,10 +894,20 @@ def run_for_budget(seed: int, deadline: float) -> int:
     budget is spent: Hypothesis has no time limit of its own, and a test case it cut short would
     look flaky to it. Each round replays the kept failures first."""
     rounds = 0
+    started = time.monotonic()
     while time.monotonic() < deadline:
         DomainMachine._hypothesis_internal_use_seed = seed + rounds  # type: ignore[attr-defined]
         print(f"domain model: round {rounds}, seed {seed + rounds}", flush=True)
-        run_state_machine_as_test(DomainMachine, settings=model_settings())
+        try:
+            run_state_machine_as_test(DomainMachine, settings=model_settings())
+        except BaseException:
+            print(
+                f"domain model: a promise broken, reported after "
+                f"{time.monotonic() - started:.0f} s "
+                f"({DomainMachine.examples} examples, {DomainMachine.steps} steps)",
+                flush=True,
+            )
+            raise
         rounds += 1
     return rounds
 
