@@ -55,6 +55,7 @@ from .addresses import (
     domain_of,
     is_self_made,
     is_stream_address,
+    is_stub_url,
     scheme_of,
 )
 from .identity.model import Identity
@@ -176,8 +177,13 @@ class AccessMonitor:
         if scheme == STUB_SCHEME:
             # A stub's URL (hyperty-runtime://<domain>/protostub/<n>) is a name its runtime
             # chooses and nothing vouches for; it carries the stub's requests and the answers
-            # to them, so it is learned while nobody else uses it.
-            return None
+            # to them, so it is learned while nobody else uses it. Only that form: a bare host
+            # or a shorter path would be the parent of every other runtime's stub URL.
+            if is_stub_url(address):
+                return None
+            return Refusal(
+                403, f"'{address}' is not a stub's URL (hyperty-runtime://<domain>/<kind>/<id>)"
+            )
         if scheme == USER_SCHEME:
             if _verified_user_url(who.identity) == address:
                 return None
@@ -298,7 +304,7 @@ class AccessMonitor:
             return Refusal(403, _NOT_A_TARGET.format(address))
         if is_self_made(address, self._domain):
             return Claim(address)
-        if scheme_of(address) == STUB_SCHEME:
+        if is_stub_url(address):
             return None  # a stub's URL: nobody's to hold (runtimes subscribe their stubs')
         # Nobody holds it now, but it is somebody's to hold (a runtime, a user, an allocation of
         # this domain or another's): a subscription would catch what is sent to its next holder.

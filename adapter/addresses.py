@@ -163,6 +163,17 @@ def runtime_url_problem(runtime_url: object, domain: str) -> str | None:
     return None
 
 
+def is_stub_url(address: str) -> bool:
+    """Whether ``address`` is a stub's URL, ``hyperty-runtime://<host>/<kind>/<id>`` (a protocol
+    stub's ``…/protostub/<n>``, a P2P stub's, or an address under one): never a bare host or a
+    single segment, which would be the parent of every stub's URL (of that kind)."""
+    scheme, sep, rest = address.partition("://")
+    if scheme != STUB_SCHEME or not sep:
+        return False
+    segments = rest.split("/")[1:]
+    return len(segments) >= 2 and all(segments[:2])
+
+
 def is_self_made(address: str, domain: str) -> bool:
     """Whether ``address`` is ``<scheme>://<domain>/<GUID>``, an address of ``domain`` in the
     form a runtime makes for itself from a random GUID (any scheme but the reserved ones)."""

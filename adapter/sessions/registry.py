@@ -229,6 +229,10 @@ class SessionRegistry:
         for row in await self._rows.all():
             self._add(self._from_row(row, epoch, stored, now))
         for session in sorted(self._by_id.values(), key=lambda s: s.detached_at or 0.0):
+            # Whether a session was used is not stored: one that lived through a restart counts
+            # as used, so the sessions made since (a flood among them) go first, and among
+            # these the newest (a flood made before the restart before an older honest one).
+            session.used = True
             self._detached[session.id] = session
             self._eviction.push(session)
             # Read back: held already, so counted whatever the bounds (towards the total).

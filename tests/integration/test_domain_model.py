@@ -71,26 +71,18 @@ HONEST = ("alice", "bob", "carol", "dave")
 LIMITS: dict[str, Any] = {
     "stub.max_detached_sessions": 6,
     "stub.max_connections": 48,
+    # Every runtime of the model connects from loopback, one client to the node's bounds.
+    "stub.max_connections_per_client": 48,
     "quotas.waiting_bytes": 64 * 1024,
 }
 FLOOD = 8
-# The attacks of issue 41 that today's main does not yet withstand (the model finds each within
-# its CI budget: see the regression tests at the end). CI leaves these rules out until their
-# fixes land; empty this as they do. RETHINK_MODEL_RULES=all runs every rule, or name the rules
-# to leave out: RETHINK_MODEL_SKIP=poison,session_flood.
-OPEN_ATTACKS = ("session_flood", "idle_sockets", "poison", "fill_inbox")
+# Every rule runs by default. RETHINK_MODEL_SKIP names rules to leave out
+# (RETHINK_MODEL_SKIP=poison,session_flood), for a run that looks elsewhere.
 _SKIP = os.environ.get("RETHINK_MODEL_SKIP")
-SKIPPED = frozenset(
-    ()
-    if os.environ.get("RETHINK_MODEL_RULES") == "all"
-    else (_SKIP.split(",") if _SKIP is not None else OPEN_ATTACKS)
-)
-# Addresses the node still lets a runtime speak from, against docs/stub-protocol.md ("Speak
-# from"), found by the model (test_nobody_speaks_from_this_domains_bare_stub_host): left out of
-# forge_from like an open attack (RETHINK_MODEL_RULES=all puts them back).
-OPEN_ADDRESSES = (f"hyperty-runtime://{D}",)
-if os.environ.get("RETHINK_MODEL_RULES") != "all" and _SKIP is None:
-    SKIPPED = SKIPPED | frozenset(OPEN_ADDRESSES)
+SKIPPED = frozenset(_SKIP.split(",") if _SKIP else ())
+# Addresses a runtime must never speak from, beyond every honest runtime's (found by the model:
+# test_nobody_speaks_from_this_domains_bare_stub_host).
+FORBIDDEN_ADDRESSES = (f"hyperty-runtime://{D}",)
 # Shrinking a failure re-runs its example many times (minutes on a real node);
 # RETHINK_MODEL_SHRINK=0 reports the first failing example as found (how long finding takes).
 SHRINK = os.environ.get("RETHINK_MODEL_SHRINK", "1") != "0"
@@ -534,7 +526,7 @@ class DomainMachine(RuleBasedStateMachine):
         out += sorted(self.model.released)
         out += [REGISTRY, f"domain://msg-node.{D}/sm", "global://registry/"]
         out += [f"runtime://other.example/{self.model.run}-x"]
-        out += [a for a in OPEN_ADDRESSES if a not in SKIPPED]
+        out += list(FORBIDDEN_ADDRESSES)
         return out
 
     @rule(pick=st.integers(0, 200), spelled=st.integers(0, 5), dest=st.sampled_from(HONEST))
@@ -939,9 +931,8 @@ async def test_the_node_keeps_the_domains_promises(
 # -- what the model found, kept as regression tests ------------------------------------------
 #
 # Each replays, step by step, a failing example the model found (shrunk by hand to its steps),
-# on a fresh node. Those marked xfail are attacks of issue 41 that today's main does not yet
-# withstand (strict: once fixed they pass, and the mark must go, with the rule's name from
-# OPEN_ATTACKS).
+# on a fresh node: each failed on the main it was found on (issues 41 and 42), and passes since
+# their fixes.
 
 
 async def _replay(
@@ -965,10 +956,6 @@ async def _replay(
     await asyncio.to_thread(run)
 
 
-OPEN_41 = "issue 41 is open on this main: the model's example still fails"
-
-
-@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 5)")
 async def test_an_away_runtimes_session_outlives_a_session_flood(
     homeserver: Homeserver, databases: Databases
 ) -> None:
@@ -984,7 +971,6 @@ async def test_an_away_runtimes_session_outlives_a_session_flood(
     )
 
 
-@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 5, then issue 42's takeover)")
 async def test_a_session_flood_never_frees_an_away_runtimes_url(
     homeserver: Homeserver, databases: Databases
 ) -> None:
@@ -1000,7 +986,6 @@ async def test_a_session_flood_never_frees_an_away_runtimes_url(
     )
 
 
-@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 4)")
 async def test_idle_sockets_never_keep_a_runtime_out(
     homeserver: Homeserver, databases: Databases
 ) -> None:
@@ -1015,7 +1000,6 @@ async def test_idle_sockets_never_keep_a_runtime_out(
     )
 
 
-@pytest.mark.xfail(strict=True, reason="found by the model: the node lets a runtime speak from it")
 async def test_nobody_speaks_from_this_domains_bare_stub_host(
     homeserver: Homeserver, databases: Databases
 ) -> None:
@@ -1028,7 +1012,6 @@ async def test_nobody_speaks_from_this_domains_bare_stub_host(
     )
 
 
-@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 1)")
 async def test_a_poisoned_message_harms_no_other(
     homeserver: Homeserver, databases: Databases
 ) -> None:
@@ -1040,7 +1023,6 @@ async def test_a_poisoned_message_harms_no_other(
     await _replay(homeserver, databases, ("poison", {"depth": 1000}))
 
 
-@pytest.mark.xfail(strict=True, reason=f"{OPEN_41} (row 7)")
 async def test_a_full_inbox_still_takes_an_honest_senders_message(
     homeserver: Homeserver, databases: Databases
 ) -> None:

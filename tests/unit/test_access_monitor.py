@@ -113,6 +113,15 @@ def test_an_unknown_domains_address_is_learned_and_a_verified_user_speaks_as_its
     assert monitor.speak_from(ALICE, "hyperty-runtime://d/protostub/1") == LEARN
     table.learn(ALICE_ID, "hyperty-runtime://d/protostub/1")
     assert isinstance(monitor.speak_from(BOB, "hyperty-runtime://d/protostub/1"), Refusal)
+    # Only a stub's URL: a bare host or a shorter path would parent every other stub's URL.
+    for parent in (
+        "hyperty-runtime://d",
+        "hyperty-runtime://d/protostub",
+        "hyperty-runtime://d/x/",
+    ):
+        verdict = monitor.speak_from(BOB, parent)
+        assert isinstance(verdict, Refusal) and verdict.code == 403, parent
+        assert isinstance(monitor.subscribe_to(BOB, parent), Refusal), parent
     carol = Who(3, "runtime://d/carol", BOB_IDENTITY)  # the same identity, another runtime
     assert monitor.speak_from(carol, "user://idp.example/bob") == Refusal(
         403, "'user://idp.example/bob' is in use by another runtime"
