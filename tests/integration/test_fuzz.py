@@ -52,7 +52,9 @@ RUN_TIMEOUT = pytest.mark.timeout(300 + 2 * EXAMPLES)
 # The peer domain of the transaction fuzzer's node: its node acts as this bot.
 PEER = "peer.test"
 PEER_BOT = "@_rethink_bot:peer.hs"
-PEERS = {"federation.peers": {PEER: {"server_name": "peer.hs"}}}
+# Every genuine probe comes in a room of its own, so the peer opens a room per example: its
+# bound on rooms (federation.peers.<peer>.max_rooms, 16 by default) is raised past any run's.
+PEERS = {"federation.peers": {PEER: {"server_name": "peer.hs", "max_rooms": 100_000}}}
 # How often the attacker reconnects and resends within one example, at most: the node answers a
 # frame that fails inside it 500 at its third attempt (adapter/routing/ingress.py).
 RESENDS = 4
