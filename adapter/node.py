@@ -170,39 +170,11 @@ class Node:
         self._transactions = SqlTransactionStore(self.db)
         self.routes = RouteStore(self.db)
 
-        # The homeserver, through one pooled HTTP session for every request.
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, ttl_dns_cache=300)
-        )
-        self.api = AppserviceAPI(
-            HomeserverClient(
-                cfg.homeserver.url,
-                cfg.appservice.as_token,
-                self._http,
-                metrics=self.as_metrics,
-                max_retries=cfg.homeserver.max_retries,
-                request_timeout=cfg.homeserver.request_timeout_seconds,
-            ),
-            cfg.homeserver.server_name,
-            cfg.appservice.sender_localpart,
-        )
-        # Peers' rooms (joining, reading, their media, confirmations) go through a pool of their
-        # own: a peer whose media hangs holds its own connections, never this domain's.
-        self._peer_http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.federation.peer_connections, ttl_dns_cache=300)
-        )
-        self.peer_api = AppserviceAPI(
-            HomeserverClient(
-                cfg.homeserver.url,
-                cfg.appservice.as_token,
-                self._peer_http,
-                metrics=self.as_metrics,
-                max_retries=cfg.homeserver.max_retries,
-                request_timeout=cfg.homeserver.request_timeout_seconds,
-            ),
-            cfg.homeserver.server_name,
-            cfg.appservice.sender_localpart,
-        )
+        # The homeserver, through one pooled HTTP session for every request. Peers' rooms
+        # (joining, reading, their media, confirmations) go through a pool of their own: a peer
+        # whose media hangs holds its own connections, never this domain's.
+        self._http, self.api = self._homeserver_api(cfg, 64)
+        self._peer_http, self.peer_api = self._homeserver_api(cfg, cfg.federation.peer_connections)
         self.rooms = RoomDirectory(
             self.api,
             RoomStore(self.db),
@@ -660,6 +632,25 @@ class Node:
         task.add_done_callback(self._background.discard)
 
     # -- lifecycle --------------------------------------------------------------------------
+
+    def _homeserver_api(
+        self, cfg: NodeConfig, connections: int
+    ) -> tuple[aiohttp.ClientSession, AppserviceAPI]:
+        """An HTTP session of ``connections`` pooled connections and the API client over it."""
+        http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, ttl_dns_cache=300)
+        )
+        client = HomeserverClient(
+            cfg.homeserver.url,
+            cfg.appservice.as_token,
+            http,
+            metrics=self.as_metrics,
+            max_retries=cfg.homeserver.max_retries,
+            request_timeout=cfg.homeserver.request_timeout_seconds,
+        )
+        return http, AppserviceAPI(
+            client, cfg.homeserver.server_name, cfg.appservice.sender_localpart
+        )
 
     async def start(self) -> None:
         cfg = self.config
