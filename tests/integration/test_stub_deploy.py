@@ -120,23 +120,42 @@ class Browser:
         return page
 
 
-@pytest.mark.parametrize("flavor", ["systemjs", "worker"])
-async def test_runtimes_deploy_the_stub_talk_and_one_reloads_losing_nothing(
+@asynccontextmanager
+async def _alice_and_bob(
     flavor: str, chromium: str, start_node: NodeFactory, databases: Databases
-) -> None:
+) -> AsyncIterator[tuple[Any, Browser, Page, Page, str]]:
+    """A node, two pages that each deploy its stub as the flavor's runtime does, and Bob's
+    runtimeURL (a reload deploys it again)."""
     if not SYSTEMJS.exists():
         pytest.fail("stub_js dev dependencies missing: run `npm ci` in stub_js")
     url = databases.sqlite()
     await migrate.upgrade(url)
     node = await start_node(url)
     run = uuid.uuid4().hex[:8]
-    alice_url, bob_url = f"runtime://{DOMAIN}/alice-{run}", f"runtime://{DOMAIN}/bob-{run}"
+    bob_url = f"runtime://{DOMAIN}/bob-{run}"
     async with harness_site() as site, chromium_browser(chromium) as chromium_app:
         context = await chromium_app.new_context()
         browser = Browser(context, site, f"http://127.0.0.1:{node.stub_port}", flavor)
         await browser.route()
-        alice = await browser.runtime(alice_url)
+        alice = await browser.runtime(f"runtime://{DOMAIN}/alice-{run}")
         bob = await browser.runtime(bob_url)
+        try:
+            yield node, browser, alice, bob, bob_url
+        finally:
+            await context.close()
+
+
+@pytest.mark.parametrize("flavor", ["systemjs", "worker"])
+async def test_runtimes_deploy_the_stub_talk_and_one_reloads_losing_nothing(
+    flavor: str, chromium: str, start_node: NodeFactory, databases: Databases
+) -> None:
+    async with _alice_and_bob(flavor, chromium, start_node, databases) as (
+        node,
+        browser,
+        alice,
+        bob,
+        bob_url,
+    ):
         alice_hyperty = await alice.evaluate("rt.allocate()")
         bob_hyperty = await bob.evaluate("rt.allocate()")
 
@@ -163,7 +182,6 @@ async def test_runtimes_deploy_the_stub_talk_and_one_reloads_losing_nothing(
         second_life = await bob.evaluate("rt.received")
         bob_statuses = await bob.evaluate("rt.statuses")
         alice_received = await alice.evaluate("rt.received")
-        await context.close()
 
     got = first_life + second_life
     lost = sorted(set(range(1, last + 1)) - set(got))
@@ -187,19 +205,13 @@ async def test_a_reloaded_runtime_that_deploys_its_hyperty_late_loses_nothing(
     the session resumes, but the hyperty's listener comes only after the registry's answer; what
     arrives for it before is handed back to the stub. The stub holds it, then offers it again:
     the hyperty gets every message once, in order."""
-    if not SYSTEMJS.exists():
-        pytest.fail("stub_js dev dependencies missing: run `npm ci` in stub_js")
-    url = databases.sqlite()
-    await migrate.upgrade(url)
-    node = await start_node(url)
-    run = uuid.uuid4().hex[:8]
-    alice_url, bob_url = f"runtime://{DOMAIN}/alice-{run}", f"runtime://{DOMAIN}/bob-{run}"
-    async with harness_site() as site, chromium_browser(chromium) as chromium_app:
-        context = await chromium_app.new_context()
-        browser = Browser(context, site, f"http://127.0.0.1:{node.stub_port}", flavor)
-        await browser.route()
-        alice = await browser.runtime(alice_url)
-        bob = await browser.runtime(bob_url)
+    async with _alice_and_bob(flavor, chromium, start_node, databases) as (
+        _node,
+        browser,
+        alice,
+        bob,
+        bob_url,
+    ):
         await alice.evaluate("rt.allocate()")
         bob_hyperty = await bob.evaluate("rt.allocate()")
         await bob.evaluate("rt.register(false)")  # what tells the stub the hyperty is Bob's
@@ -226,7 +238,6 @@ async def test_a_reloaded_runtime_that_deploys_its_hyperty_late_loses_nothing(
         await _until(bob, f"rt.received.includes({last})", "Alice's last message")
         second_life = await bob.evaluate("rt.received")
         stats = await bob.evaluate("rt.stats()")
-        await context.close()
 
     assert first_life == list(range(1, BEFORE + 1))
     assert second_life == list(range(BEFORE + 1, last + 1)), second_life
