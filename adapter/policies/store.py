@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sqlalchemy import Connection, delete, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
 
 from ..storage.clock import utcnow
-from ..storage.database import Database
+from ..storage.database import ConstraintViolation, Database
 from ..storage.policy_models import PolicyRuleRow, PolicySetting
 from .elements import Algorithm, Element, compile_element, parse_algorithm
 from .engine import PolicyEngine
@@ -113,7 +112,7 @@ class PolicyStore:
             for _ in range(_ID_RETRIES):
                 try:
                     rule_id, stored = await self._db.run(write)
-                except IntegrityError:
+                except ConstraintViolation:
                     continue  # another node sharing the database took the id meanwhile
                 self._engine.put(compile_element(stored))
                 return StoredRule(rule_id, stored)

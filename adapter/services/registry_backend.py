@@ -28,9 +28,9 @@ from typing import Any, Final, Protocol
 
 import orjson
 import structlog
-from sqlalchemy.exc import SQLAlchemyError
 
 from ..identity.model import Identity, identity_name
+from ..storage.database import StorageError
 from ..storage.registry_models import DISCONNECTED, EntryKind
 from ..storage.registry_store import Registered, RegistryStore, StatusChange, Written
 from .registry_fields import (
@@ -150,7 +150,7 @@ class BuiltinRegistryBackend:
             return _message(early.status, early.message)
         except InvalidRecord as bad:
             return _message(400, bad.desc)
-        except SQLAlchemyError:
+        except StorageError:
             log.exception("registry_storage_failed", method=call.method, path=call.path_qs())
             return _message(503, "the registry's storage is unavailable")
         except Exception:  # a bug must cost one answer, not the caller

@@ -14,14 +14,24 @@ loop itself when the write lock is free, because there they cost less than the t
 wake-ups of a hop. On PostgreSQL ``execute_small`` sends its one statement over an async
 connection on the event loop (``DirectPostgres``): one round trip instead of a hop and three.
 
-Whether a commit waits for the disk (``synchronous_commit``, off by default): on SQLite (WAL,
-synchronous=NORMAL, FULL when on) every commit survives a crash of the node, not of the machine.
-On PostgreSQL the hot-path writes (``execute_small``: allocations, subscriptions, learned
-routes, session changes) use synchronous_commit=off, so a crash of the server or machine can lose
-their last few hundred milliseconds; the worker threads' writes (messages waiting for a detached
-runtime, processed transactions) wait for the flush as the server is configured, and so make
-every earlier commit durable too (the WAL is flushed in order). Either way a commit is atomic
-and visible to every later read.
+Durability, one rule on both databases: every commit survives a crash of the node process. A
+commit on the worker threads (``run``: messages kept for a detached runtime, which the homeserver
+has been told were delivered, and whatever else is not on a request's hot path) also waits for
+the disk, so it survives a crash of the machine or the database server, and makes every earlier
+commit durable with it (the log is flushed in order). The hot-path writes (``run_small`` and
+``execute_small``: allocations, subscriptions, learned routes, session changes, which a runtime
+asks for again) do not wait, unless ``synchronous_commit`` is set: then every commit does. On
+SQLite (WAL) that is synchronous=FULL for the worker connections and NORMAL for the inline one;
+on PostgreSQL the server's own setting (on unless an operator turned it off) for the worker
+connections and synchronous_commit=off for the event loop's. Either way a commit is atomic and
+visible to every later read.
+
+Errors: every path (``run``, ``run_small``, ``execute_small``) on every database raises the same
+family for what the database itself said: ``DatabaseUnavailable`` for a condition that passes
+(the server unreachable or restarting, a connection lost, the pool exhausted, SQLite locked),
+``ConstraintViolation`` for a write that conflicts with a row already there. Each carries the
+driver's or SQLAlchemy's error as its ``__cause__``. Anything else (a bug in a statement, an
+exception of the caller's own function) comes through as it was raised.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from sqlalchemy import Engine, Insert, Select, event
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import StaticPool
 
@@ -53,9 +63,12 @@ from .prepared import Prepared, Rows
 log = structlog.get_logger(__name__)
 
 __all__ = [
+    "ConstraintViolation",
     "Database",
+    "DatabaseUnavailable",
     "Prepared",
     "Rows",
+    "StorageError",
     "create_engine",
     "is_sqlite",
     "sqlite_files",
@@ -206,13 +219,23 @@ def upsert(
     return stmt.on_conflict_do_nothing(index_elements=keys)
 
 
-def unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the database could not be used just now (unreachable, restarting,
-    its connection lost, locked by another writer): a condition that passes, unlike a bug.
+class StorageError(Exception):
+    """What the database said about an operation, the same whichever path ran it."""
 
-    The one test of that for every path, since each raises its own family: ``run`` raises
-    SQLAlchemy's wrappers, ``run_small``/``execute_small`` the drivers' own errors (sqlite3's,
-    psycopg's), and the pool its timeout when every connection is stuck on a server away."""
+
+class DatabaseUnavailable(StorageError):
+    """The database could not be used just now: a condition that passes, unlike a bug. Callers
+    wait and try again; they never count it against the message they were handling."""
+
+
+class ConstraintViolation(StorageError):
+    """The write conflicts with a row already there (a unique key, a foreign key)."""
+
+
+def _away(exc: BaseException) -> bool:
+    # Each path raises its own family: ``run`` SQLAlchemy's wrappers, the inline SQLite path
+    # sqlite3's own errors, the direct PostgreSQL path psycopg's, and the pool its timeout when
+    # every connection is stuck on a server that went away.
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(
@@ -226,6 +249,24 @@ def unavailable(exc: BaseException) -> bool:
             sqlite3.OperationalError,
         ),
     )
+
+
+def storage_error(exc: BaseException) -> BaseException:
+    """``exc`` as the family above when the database raised it, else ``exc`` itself."""
+    translated: StorageError
+    if isinstance(exc, IntegrityError | sqlite3.IntegrityError | psycopg.IntegrityError):
+        translated = ConstraintViolation(str(exc))
+    elif _away(exc):
+        translated = DatabaseUnavailable(str(exc))
+    else:
+        return exc
+    translated.__cause__ = exc
+    return translated
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be used just now."""
+    return isinstance(exc, DatabaseUnavailable)
 
 
 def _is_busy(exc: OperationalError | sqlite3.OperationalError) -> bool:
@@ -264,14 +305,13 @@ class Database:
     ) -> None:
         self.url = url
         self.application_name = application_name
-        # Off leaves the worker connections to the server's own setting: among what they write
-        # are the messages kept for detached runtimes, which a lost commit would lose for good
-        # (the homeserver has been told they were delivered), and bursts share a commit anyway.
-        # Only the hot path goes without.
+        # The worker connections wait for the disk whatever ``synchronous_commit`` says (the
+        # rule in the module's docstring); bursts share a commit, so that costs a burst little.
+        # PostgreSQL: the server's own setting; SQLite: FULL.
         self.engine = create_engine(
             url,
             echo=echo,
-            synchronous_commit=synchronous_commit or None,
+            synchronous_commit=True if is_sqlite(url) else (synchronous_commit or None),
             application_name=application_name,
         )
         self.dialect = self.engine.dialect.name
@@ -288,6 +328,12 @@ class Database:
             self._inline = self.engine.connect()
             # Never wait for the lock here: if another connection writes, the caller goes to the
             # worker thread instead (which may wait).
+            if not synchronous_commit:
+                # Straight to the driver, before SQLAlchemy begins a transaction: SQLite refuses
+                # to change the level inside one.
+                dbapi = self._inline.connection.dbapi_connection
+                assert dbapi is not None
+                dbapi.execute("PRAGMA synchronous=NORMAL")
             self._inline.exec_driver_sql("PRAGMA busy_timeout=0")
             self._inline.commit()
             # The lock is taken at BEGIN: if it is busy, nothing has run yet to undo.
@@ -343,7 +389,9 @@ class Database:
             except (OperationalError, sqlite3.OperationalError) as exc:
                 # The BEGIN runs in an event hook, so its error arrives unwrapped.
                 if not _is_busy(exc):
-                    raise
+                    raise storage_error(exc)  # noqa: B904 - storage_error sets the cause
+            except Exception as exc:  # noqa: BLE001 - raised again, as the storage family
+                raise storage_error(exc)  # noqa: B904
         return await self.run(fn)
 
     async def execute_small(self, statement: Prepared, params: Rows) -> list[tuple[Any, ...]]:
@@ -361,11 +409,14 @@ class Database:
         loop, in autocommit mode: one round trip, no thread hop (10,000 sequential one-row
         inserts: ~0.5 ms each through a worker, ~0.06 ms here with synchronous_commit off).
         Several rows go as one multi-row statement when the Prepared has a ``block`` form,
-        else in one transaction. Errors are the driver's (psycopg's), as SQLite's are
-        sqlite3's."""
+        else in one transaction. Errors are the storage family,
+        as ``run``'s are."""
         direct = self._direct
         if direct is not None and direct.usable():
-            return await direct.execute(statement, params)
+            try:
+                return await direct.execute(statement, params)
+            except Exception as exc:  # noqa: BLE001 - raised again, as the storage family
+                raise storage_error(exc)  # noqa: B904 - storage_error sets the cause
         inline = self._inline
         if inline is not None and not self._closed:
             dbapi = inline.connection.dbapi_connection
@@ -374,15 +425,15 @@ class Database:
                 dbapi.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise
+                    raise storage_error(exc)  # noqa: B904 - storage_error sets the cause
             else:
                 try:
                     returned = statement.execute_on_driver(dbapi, params)
                     dbapi.execute("COMMIT")
-                except BaseException:
+                except BaseException as exc:  # noqa: BLE001 - raised again, as the family
                     if dbapi.in_transaction:
                         dbapi.execute("ROLLBACK")
-                    raise
+                    raise storage_error(exc)  # noqa: B904
                 return returned
         return await self.run(lambda conn: statement.execute(conn, params))
 
@@ -507,6 +558,6 @@ def _resolve(future: asyncio.Future[Any], value: Any, error: BaseException | Non
     if future.done():
         return
     if error is not None:
-        future.set_exception(error)
+        future.set_exception(storage_error(error))
     else:
         future.set_result(value)

@@ -35,10 +35,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
 
 from .clock import utcnow
-from .database import Database
+from .database import ConstraintViolation, Database
 from .registry_models import DISCONNECTED, LIVE, EntryKind, RegistryEntry
 
 _T = RegistryEntry
@@ -227,7 +226,7 @@ class RegistryStore:
 
         try:
             return await self._db.run(op)
-        except IntegrityError:
+        except ConstraintViolation:
             # Another transaction created the same entry meanwhile (PostgreSQL): now it exists.
             return await self._db.run(op)
 

@@ -6,10 +6,9 @@ import contextlib
 from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, bindparam, delete, insert, select
-from sqlalchemy.exc import IntegrityError
 
 from .clock import utcnow
-from .database import Database
+from .database import ConstraintViolation, Database
 from .models import ProcessedTransaction
 
 _T = ProcessedTransaction
@@ -31,7 +30,7 @@ class SqlTransactionStore:
     async def mark_processed(self, txn_id: str, event_count: int) -> None:
         row = {"txn_id": txn_id, "processed_at": utcnow(), "event_count": event_count}
         # Already recorded by an earlier attempt is the state we want.
-        with contextlib.suppress(IntegrityError):
+        with contextlib.suppress(ConstraintViolation):
             await self._db.run_small(lambda conn: conn.execute(_MARK, row))
 
     async def prune(self, keep: timedelta, now: datetime | None = None) -> int:

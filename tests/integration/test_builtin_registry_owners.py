@@ -236,7 +236,7 @@ async def test_two_runtimes_racing_to_create_one_url_one_wins(
 ) -> None:
     """Through one node the racing requests may share a transaction; through two they run in
     concurrent ones: a burst conflicts inside the database's group commit, a lone pair inside
-    ``RegistryStore.register`` (its IntegrityError retry)."""
+    ``RegistryStore.register`` (its ConstraintViolation retry)."""
     rounds = 20
     nodes = (registry, registry) if how == "one node" else (registry, second_node)
 

@@ -4,17 +4,22 @@ statements the PostgreSQL fast path sends."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from sqlalchemy import Column, Connection, Enum, Integer, MetaData, Table, bindparam, text
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 
-from adapter.storage.database import Database, Prepared, unavailable
+from adapter.storage.database import (
+    ConstraintViolation,
+    Database,
+    DatabaseUnavailable,
+    Prepared,
+    unavailable,
+)
 from adapter.storage.models import SessionState
 from adapter.storage.prepared import MAX_BLOCK
 
@@ -74,38 +79,39 @@ async def test_small_writes_go_to_the_worker_while_another_writer_holds_the_lock
 
 async def test_run_small_raises_real_errors(db: Database) -> None:
     await db.run_small(insert(7))
-    with pytest.raises(IntegrityError):
+    with pytest.raises(ConstraintViolation) as caught:
         await db.run_small(insert(7))
+    assert isinstance(caught.value.__cause__, IntegrityError)
     # The failed transaction left the inline connection usable.
     await db.run_small(insert(8))
 
 
-async def test_an_unreachable_database_fails_the_call_and_keeps_the_workers(
-    tmp_path: Path,
-) -> None:
-    # Port 1 on loopback refuses at once: the database server is down.
+def _select_one(database: Database, path: str) -> Awaitable[object]:
+    if path == "run":
+        return database.run(lambda c: c.execute(text("SELECT 1")))
+    if path == "run_small":
+        return database.run_small(lambda c: c.execute(text("SELECT 1")))
+    table = Table("t", MetaData(), Column("x", Integer, primary_key=True))
+    statement = Prepared(database, table.insert().values(x=bindparam("x")), [table.c.x])
+    return database.execute_small(statement, {"x": 1})
+
+
+@pytest.mark.parametrize("path", ["run", "run_small", "execute_small"])
+async def test_a_database_that_is_away_is_one_error_on_every_path(path: str) -> None:
+    """What the ingress gives back to the stub for a while (503 after) and what inbound
+    transactions wait out, never counted against the event they carry. Port 1 on loopback
+    refuses at once: the database server is down."""
     database = Database("postgresql+psycopg://nobody@127.0.0.1:1/none", workers=1)
     try:
-        for _ in range(2):  # the second call proves the worker thread survived the first
-            with pytest.raises(OperationalError):
-                await asyncio.wait_for(database.run(lambda c: c.execute(text("SELECT 1"))), 10)
+        for _ in range(2):  # the second call proves the path survived the first
+            with pytest.raises(DatabaseUnavailable) as caught:
+                await asyncio.wait_for(_select_one(database, path), 10)
+            assert unavailable(caught.value) and caught.value.__cause__ is not None
     finally:
         await database.dispose()
 
 
-async def test_an_unreachable_or_locked_database_is_unavailable_a_bug_is_not(
-    db: Database,
-) -> None:
-    """What the ingress gives back to the stub for a while (503 after) and what it answers
-    500 after a few tries."""
-    down = Database("postgresql+psycopg://nobody@127.0.0.1:1/none", workers=1)
-    try:
-        with pytest.raises(OperationalError) as caught:
-            await asyncio.wait_for(down.run(lambda c: c.execute(text("SELECT 1"))), 10)
-        assert unavailable(caught.value)
-    finally:
-        await down.dispose()
-    assert unavailable(sqlite3.OperationalError("database is locked"))
+def test_a_bug_is_not_unavailable() -> None:
     assert not unavailable(ValueError("a bug")) and not unavailable(KeyError("x"))
 
 
@@ -117,12 +123,12 @@ def prepared_insert(db: Database) -> Prepared:
 async def test_execute_small_commits_inline_and_rolls_back_on_error(db: Database) -> None:
     insert_x = prepared_insert(db)
     await db.execute_small(insert_x, {"x": 1})
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(ConstraintViolation):
         await db.execute_small(insert_x, {"x": 1})
     # The failed statement's transaction was rolled back: the connection takes the next one.
     await db.execute_small(insert_x, {"x": 2})
     # Several rows: all or none.
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(ConstraintViolation):
         await db.execute_small(insert_x, [{"x": 3}, {"x": 2}])
     await db.execute_small(insert_x, [{"x": 3}, {"x": 4}])
     rows = await db.run(lambda c: [r[0] for r in c.execute(text("SELECT x FROM t ORDER BY x"))])
@@ -227,16 +233,25 @@ async def test_bound_applies_the_columns_bind_processing(pg_dialect_db: Database
 # -- SQLite's durability setting -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("synchronous_commit", "expected"), [(False, 1), (True, 2)])
-async def test_sqlite_synchronous_setting_follows_synchronous_commit(
-    tmp_path: Path, synchronous_commit: bool, expected: int
+@pytest.mark.parametrize(("synchronous_commit", "expected"), [(False, (2, 1)), (True, (2, 2))])
+async def test_sqlite_the_worker_path_waits_for_the_disk_the_hot_path_only_when_asked(
+    tmp_path: Path, synchronous_commit: bool, expected: tuple[int, int]
 ) -> None:
+    """The durability rule of adapter/storage/database.py, as PostgreSQL's is checked in
+    tests/integration/test_database_direct.py."""
     database = Database(
         f"sqlite:///{tmp_path / 'sync.sqlite'}", synchronous_commit=synchronous_commit
     )
+
+    def level(conn: Connection) -> tuple[int, str]:
+        value = conn.exec_driver_sql("PRAGMA synchronous").scalar()
+        return int(value or 0), threading.current_thread().name
+
     try:
         # 1 = NORMAL (durable against a crash of the node), 2 = FULL (of the machine too).
-        level = await database.run(lambda c: c.exec_driver_sql("PRAGMA synchronous").scalar())
-        assert level == expected
+        worker, worker_thread = await database.run(level)
+        inline, inline_thread = await database.run_small(level)
+        assert (worker_thread, inline_thread) == ("db-0", "MainThread")
+        assert (worker, inline) == expected
     finally:
         await database.dispose()

@@ -15,7 +15,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from adapter.observability import NodeMetrics
 from adapter.routing.inbound import MAX_ATTEMPTS, InboundEvents, RetryTransaction
-from adapter.storage.database import unavailable
+from adapter.storage.database import storage_error, unavailable
 
 EVENTS = [{"type": "m.test", "event_id": "$1"}, {"type": "m.other", "event_id": "$2"}]
 
@@ -68,8 +68,9 @@ async def test_a_poisonous_transaction_is_given_up_after_its_attempts() -> None:
 
 
 def _outages() -> list[BaseException]:
-    """The database away, as each execution path reports it: SQLAlchemy's wrapper (``run``),
-    the drivers' own errors (``run_small`` and ``execute_small``), a pool with no connection."""
+    """The database away, as each execution path's driver reports it: SQLAlchemy's wrapper
+    (``run``), the drivers' own errors (``run_small`` and ``execute_small``), a pool with no
+    connection. The Database raises each as the one DatabaseUnavailable."""
     return [
         OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked")),
         sqlite3.OperationalError("disk I/O error"),
@@ -87,8 +88,11 @@ async def test_a_database_outage_on_any_path_is_retried_and_never_given_up(
 ) -> None:
     events, registry = inbound()
 
+    raised = storage_error(outage)
+    assert unavailable(raised) and raised.__cause__ is outage
+
     async def database_away(_txn: str, _group: list[dict[str, Any]]) -> None:
-        raise outage
+        raise raised
 
     events.subscribe("m.test", database_away)
     # Far past the attempts a poisonous event gets: each one still fails the transaction.
@@ -99,6 +103,9 @@ async def test_a_database_outage_on_any_path_is_retried_and_never_given_up(
 
 
 def test_a_bug_is_not_an_outage() -> None:
-    assert not unavailable(ValueError("cannot take this event"))
-    assert not unavailable(IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE")))
-    assert not unavailable(psycopg.errors.UniqueViolation("duplicate key"))
+    assert not unavailable(storage_error(ValueError("cannot take this event")))
+    for conflict in (
+        IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE")),
+        psycopg.errors.UniqueViolation("duplicate key"),
+    ):
+        assert not unavailable(storage_error(conflict))

@@ -7,10 +7,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from sqlalchemy import Connection, delete, func, insert, select
-from sqlalchemy.exc import IntegrityError
 
 from adapter.storage.clock import utcnow
-from adapter.storage.database import Database
+from adapter.storage.database import ConstraintViolation, Database
 from adapter.storage.models import (
     Allocation,
     Base,
@@ -72,7 +71,7 @@ async def test_session_state_round_trips(db: Database) -> None:
 async def test_an_address_is_allocated_once(db: Database) -> None:
     session_id = await db.run(lambda conn: add_runtime(conn, 2))
     await db.run(lambda conn: allocate(conn, session_id, "hyperty://mn.test/a"))
-    with pytest.raises(IntegrityError):
+    with pytest.raises(ConstraintViolation):
         await db.run(lambda conn: allocate(conn, session_id, "hyperty://mn.test/a"))
 
 
@@ -88,7 +87,7 @@ async def test_one_failing_operation_does_not_undo_others_committed_with_it(db: 
         return_exceptions=True,
     )
     assert results[0] is None and results[2] is None
-    assert isinstance(results[1], IntegrityError)
+    assert isinstance(results[1], ConstraintViolation)
     stored = await db.run(
         lambda conn: set(
             conn.execute(

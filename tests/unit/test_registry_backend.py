@@ -11,14 +11,13 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
-from sqlalchemy.exc import OperationalError
 
 from adapter.identity.model import Identity
 from adapter.services.registry_backend import BuiltinRegistryBackend, StatusNotifier, Writer
 from adapter.services.registry_fields import Lifetimes
 from adapter.services.registry_http import RestCall
 from adapter.services.registry_lifecycle import RegistryExpiry, RegistryPresence
-from adapter.storage.database import Database
+from adapter.storage.database import Database, DatabaseUnavailable
 from adapter.storage.registry_models import RegistryEntry
 from adapter.storage.registry_store import RegistryStore, StatusChange
 
@@ -46,7 +45,7 @@ GET_USER = RestCall("GET", ("hyperty", "user", "user://example.com/alice"))
 
 
 async def test_a_storage_failure_is_503_and_a_bug_500() -> None:
-    down = OperationalError("SELECT", {}, Exception("connection refused"))
+    down = DatabaseUnavailable("connection refused")
     answer = await backend(down).call(GET_USER)
     assert (answer.status, answer.json()) == (
         503,
@@ -88,11 +87,11 @@ async def test_a_failing_callback_costs_its_notification_only() -> None:
 
 
 async def test_presence_and_expiry_do_not_raise_into_the_node() -> None:
-    store: Any = BrokenStore(OperationalError("UPDATE", {}, Exception("down")))
+    store: Any = BrokenStore(DatabaseUnavailable("down"))
     presence = RegistryPresence(store, StatusNotifier(None))
     await presence.runtime_away("runtime://example.com/1")  # logged, not raised
     expiry = RegistryExpiry(store, StatusNotifier(None), 60)
-    with pytest.raises(OperationalError):
+    with pytest.raises(DatabaseUnavailable):
         await expiry.sweep_once()  # the task's loop catches it; a direct call sees it
 
 
