@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -22,6 +21,8 @@ CLOSE_UNAUTHORIZED = 4401
 # The runtime's session is held by another node process of the domain: connect again (the
 # load balancer may pick another process; the holder takes it).
 CLOSE_TRY_AGAIN = 1013
+# Seconds a closing handshake may take before the socket is cut.
+CLOSE_DEADLINE = 5.0
 
 
 class StubConnection:
@@ -59,29 +60,22 @@ class StubConnection:
     def open(self) -> bool:
         return not self.ws.closed
 
-    def _congested(self) -> bool:
-        transport = self._transport
-        if transport is None:
-            return False
-        return transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]
-
     async def send(self, data: str | bytes) -> bool:
         """Queue one text frame for the runtime (given as text, or as its UTF-8 bytes when the
-        same message goes to many runtimes); False when the socket is already gone."""
+        same message goes to many runtimes); False when the socket is already gone.
+
+        Never waits for the socket: every frame goes through the connection's own writer. A
+        write that fills the socket's buffer makes aiohttp wait until the reader drains it, and
+        a runtime that stops reading would hold that wait, and so the lane event delivering to
+        it, for as long as it likes (one megabyte to a socket that does not read was enough)."""
         if self.ws.closed:
             return False
         payload = data.encode() if isinstance(data, str) else data
-        if self._writer is not None or self._congested():
-            self._add_backlog(payload)
-            if self._backlog_bytes > self._soft_backlog and self._behind is None:
-                self._behind = asyncio.get_running_loop().call_later(
-                    self._slow_seconds, self._still_behind
-                )
-            return True
-        try:
-            await self.ws.send_frame(payload, WSMsgType.TEXT)
-        except (ConnectionError, RuntimeError):
-            return False
+        self._add_backlog(payload)
+        if self._backlog_bytes > self._soft_backlog and self._behind is None:
+            self._behind = asyncio.get_running_loop().call_later(
+                self._slow_seconds, self._still_behind
+            )
         return True
 
     def _still_behind(self) -> None:
@@ -138,5 +132,14 @@ class StubConnection:
             self.on_overflow([p.decode() for p in left])
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.ws.close(code=code, message=reason.encode())
+        """Close with ``code``; a runtime that does not read gets no more than CLOSE_DEADLINE
+        for the closing handshake (its close frame waits behind what it did not read), then
+        its socket is cut."""
+        try:
+            async with asyncio.timeout(CLOSE_DEADLINE):
+                await self.ws.close(code=code, message=reason.encode())
+        except (ConnectionError, RuntimeError):
+            pass
+        except TimeoutError:
+            if self._transport is not None:
+                self._transport.abort()

@@ -5,15 +5,27 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from adapter.stub import connection as connection_module
 from adapter.stub.connection import CLOSE_POLICY, StubConnection
 
 
 class FakeTransport:
+    """A socket buffer with room: the frame about to be written is what will fill it (one
+    large frame to a runtime that stopped reading, say)."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+
     def get_write_buffer_size(self) -> int:
-        return 1 << 30  # always full: every frame goes through the backlog
+        return 0
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return (0, 64 * 1024)
+
+    def abort(self) -> None:
+        self.aborted = True
 
 
 class FakeWebSocket:
@@ -35,8 +47,9 @@ class FakeWebSocket:
 
 
 class FakeRequest:
-    transport = FakeTransport()
-    remote = "127.0.0.1"
+    def __init__(self) -> None:
+        self.transport = FakeTransport()
+        self.remote = "127.0.0.1"
 
 
 def at_once(awaitable: Any) -> Any:
@@ -66,6 +79,37 @@ def connection(ws: FakeWebSocket, handed_back: list[str], slow: float) -> StubCo
     )
     conn.on_overflow = handed_back.extend
     return conn
+
+
+async def test_a_send_never_waits_even_when_the_socket_seemed_free() -> None:
+    """The socket's buffer had room, and the frame's write is what fills it: the write waits
+    for the reader (as aiohttp's does past its buffer limit), the send does not."""
+    ws, back = FakeWebSocket(), []
+    conn = connection(ws, back, slow=5)
+    assert at_once(conn.send("a" * 1000))
+    assert at_once(conn.send("b" * 10))
+    ws.reader.release()
+    ws.reader.release()
+    await settle()
+    assert ws.sent == [b"a" * 1000, b"b" * 10] and back == []
+
+
+class StuckWebSocket(FakeWebSocket):
+    """A closing handshake that never ends (the close frame waits behind what the runtime
+    does not read)."""
+
+    async def close(self, code: int, message: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_close_the_runtime_does_not_read_cuts_the_socket(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(connection_module, "CLOSE_DEADLINE", 0.05)
+    request = FakeRequest()
+    conn = StubConnection(StuckWebSocket(), request, max_backlog_bytes=4000)  # type: ignore[arg-type]
+    await asyncio.wait_for(conn.close(CLOSE_POLICY, "too slow to read"), 5)
+    assert request.transport.aborted
 
 
 async def test_a_send_never_waits_for_a_reader_far_behind_and_one_catching_up_stays() -> None:
