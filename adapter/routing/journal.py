@@ -18,6 +18,29 @@ from ..identity.model import Identity
 from .stream import BatchStream
 
 REQUEST_CUT = 4096
+# A service request longer than this is kept as its header and its size: the journal holds
+# what the node did, and one client sending megabyte requests (to a service that does not
+# exist, say) would otherwise fill the journal room, and the homeserver's media store under it,
+# at the rate it sends. A subscription to a thousand streams fits.
+SERVICE_REQUEST_KEPT = 64 * 1024
+HEADER_FIELDS = ("id", "type", "from", "to")
+
+
+def kept_request(request: str) -> str:
+    """What the journal keeps of a service request: all of it up to SERVICE_REQUEST_KEPT
+    characters; past that, its header with the body replaced by ``{"cut": <characters>}``, a
+    JSON object still (the export reads the service and the operation from it)."""
+    if len(request) <= SERVICE_REQUEST_KEPT:
+        return request
+    try:
+        parsed = orjson.loads(request)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return request[:REQUEST_CUT]
+    header = {key: parsed[key] for key in HEADER_FIELDS if key in parsed}
+    kept = orjson.dumps({**header, "body": {"cut": len(request)}}).decode()
+    return kept if len(kept) <= SERVICE_REQUEST_KEPT else request[:REQUEST_CUT]
 
 
 def _now_ms() -> int:
@@ -40,7 +63,7 @@ class Journal:
             "kind": "service",
             "runtime": runtime_url,
             "ts": _now_ms(),
-            "request": request,
+            "request": kept_request(request),
             "response": response,
         }
         if affected is not None:

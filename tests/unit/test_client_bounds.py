@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -16,7 +18,7 @@ from adapter.clients import ClientKeys
 from adapter.config import ConfigError, QuotaConfig, parse_config
 from adapter.identity.model import Identity
 from adapter.observability import NodeMetrics
-from adapter.routing.journal import Journal
+from adapter.routing.journal import REQUEST_CUT, Journal
 from adapter.routing.stream import BatchStream, StreamLimits
 from adapter.sessions.eviction import EvictionOrder
 from adapter.sessions.mailbox import (
@@ -255,3 +257,29 @@ async def test_a_full_journal_keeps_every_entry_and_holds_its_producers() -> Non
     # The stub endpoint reads no frame meanwhile.
     assert await journal.room(0.01) is False
     await stream.close()
+
+
+class Recording:
+    """A journal stream that keeps what is pushed."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    def push(self, item: bytes) -> None:
+        self.entries.append(orjson.loads(item))
+
+
+def test_a_service_request_of_a_megabyte_is_kept_as_its_header_and_size() -> None:
+    recording = Recording()
+    journal = Journal(recording)  # type: ignore[arg-type]
+    header = {"id": 7, "type": "read", "from": "runtime://d/r", "to": "domain://msg-node.d/x"}
+    huge = orjson.dumps({**header, "body": {"value": "x" * 1_000_000}}).decode()
+    journal.service("runtime://d/r", huge, '{"body":{"code":404}}')
+    small = orjson.dumps({**header, "body": {"value": "x" * 100}}).decode()
+    journal.service("runtime://d/r", small, '{"body":{"code":200}}')
+    cut, whole = (entry["request"] for entry in recording.entries)
+    assert orjson.loads(cut) == {**header, "body": {"cut": len(huge)}}
+    assert whole == small
+    # Not JSON at all: its first characters, as a refused request's are kept.
+    journal.service("runtime://d/r", "y" * 1_000_000, "{}")
+    assert len(recording.entries[-1]["request"]) == REQUEST_CUT
