@@ -41,6 +41,11 @@ from .cluster.shared_routes import SharedRoutes, application_name
 from .cluster.sibling_lanes import SiblingLanes
 from .cluster.takeover import TakeOver
 from .config import NodeConfig
+from .federation.abroad import DirectLinks, Onward, ThroughLanes
+from .federation.links import Federation
+from .federation.peer_requests import PeerSubscriptions, SubscriptionsThroughLanes
+from .federation.peer_traffic import PeerFeeds, PeersPushedElsewhere
+from .federation.peers import Peers
 from .heap import Collector
 from .identity.authenticator import Authenticator
 from .identity.matrix import MatrixTokenVerifier
@@ -61,23 +66,19 @@ from .ops.worker import DashboardWorker
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
-from .routing.abroad import Abroad, DirectLinks, Onward, ThroughLanes
 from .routing.bounce import Bounce
 from .routing.delivery import Delivery
-from .routing.federation import Federation
 from .routing.inbound import InboundEvents
 from .routing.ingress import Ingress, ServiceDirectory
 from .routing.journal import Journal
 from .routing.lanes import Lane, Lanes, Outboxes
-from .routing.peer_requests import PeerSubscriptions, SubscriptionsThroughLanes
-from .routing.peer_traffic import PeerFeeds, PeersPushedElsewhere
-from .routing.peers import Peers
 from .routing.policy import PolicyEngine
 from .routing.publisher import Publisher, node_origin
 from .routing.recovery import LaneRecovery
 from .routing.rooms import RoomDirectory
 from .routing.settlement import Settlement
 from .routing.stream import BatchStream, StreamLimits, Traffic
+from .routing.way_abroad import Abroad
 from .routing_table import RoutingTable
 from .services.allocation import ENDPOINTS, AllocationService
 from .services.connectors import build_connectors
@@ -235,7 +236,7 @@ class Node:
         self.journal = Journal(self._journal_stream() if cfg.routing.journal else None)
         self._bounce = Bounce(self.sessions, self.journal)
         # Other reTHINK domains, through Matrix federation (none unless configured). Of a
-        # domain on several processes, one writes the rooms to peers (routing/abroad.py).
+        # domain on several processes, one writes the rooms to peers (federation/abroad.py).
         self.peers: Peers | None = None
         self.federation: Federation | None = None
         if cfg.federation.enabled:
