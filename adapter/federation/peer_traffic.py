@@ -22,7 +22,7 @@ Events in rooms this node writes itself are not the peer's to send: ignored (and
 rooms' power levels before they reach here).
 
 A peer's work never waits in this domain's line: ``bot`` here acts through a pool of homeserver
-connections of its own (node.py), a peer's event has one deadline for all its media waits
+connections of its own (core/core.py), a peer's event has one deadline for all its media waits
 (peer_feed.py), and a peer may have this node follow at most ``max_rooms`` rooms (an invitation
 beyond is refused and counted).
 """

@@ -316,10 +316,8 @@ def test_peer_rooms_use_a_pool_of_their_own(tmp_path: Path) -> None:
             limit = peer_client._session.connector.limit
             assert limit == config.federation.peer_connections
         finally:
-            await node._http.close()
-            peer_http = getattr(node, "_peer_http", None)
-            if peer_http is not None:
-                await peer_http.close()
+            await node.core.http.close()
+            await node.core.peer_http.close()
             await node.db.dispose()
 
     asyncio.run(build())
