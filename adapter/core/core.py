@@ -16,13 +16,11 @@ from typing import Any
 
 import aiohttp
 import structlog
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from appservice.api import HomeserverClient
 from appservice.intent import AppserviceAPI
 from appservice.metrics import AppserviceMetrics
-from appservice.server import AppserviceServer, TransactionHandler
 
 from .. import carrier
 from ..access import AccessMonitor
@@ -34,15 +32,12 @@ from ..identity.authenticator import Authenticator
 from ..identity.matrix import MatrixTokenVerifier
 from ..identity.model import Identity
 from ..identity.oidc import OidcVerifier
-from ..namespace import NamespaceQueries
 from ..observability import (
     LAG_PROBE_SECONDS,
-    HealthEndpoints,
     NodeMetrics,
     watch_event_loop,
     watch_garbage_collector,
 )
-from ..policies.api import PolicyApi
 from ..policies.engine import PolicyEngine as RuleEngine
 from ..policies.store import PolicyStore
 from ..routing.bounce import Bounce
@@ -81,17 +76,13 @@ from ..storage.sessions import SessionStore
 from ..storage.transactions import SqlTransactionStore
 from ..stub.acks import AckSender
 from ..stub.endpoint import StubEndpoint
-from ..stub_files import StubFiles
-from ..web_endpoints import WebPages
-from ..web_hosts import KnownHosts, url_host
 from .hooks import Feature, Hooks
+from .listeners import Listeners, appservice_app, stub_app
 from .state import load_state
 from .upkeep import (
     expire_sessions,
     maintenance,
     ping_homeserver,
-    probe_database,
-    probe_homeserver,
 )
 
 log = structlog.get_logger(__name__)
@@ -100,8 +91,6 @@ SHUTDOWN_FLUSH_SECONDS = 10.0
 # After the lanes are flushed at shutdown, how long live stubs get to acknowledge the last
 # deliveries before what they have not acknowledged is stored for their resume.
 SHUTDOWN_ACK_SECONDS = 1.0
-# Pending connections the kernel queues per listener (capped by net.core.somaxconn).
-LISTEN_BACKLOG = 4096
 # How long what is kept per origin stays after the origin is retired.
 RETIRED_ORIGIN_SECONDS = 60.0
 # The journal is for audit and analytics, not for latency: at most four events a second.
@@ -176,7 +165,7 @@ class Core:
         self.running = False
         self.appservice_port: int | None = None
         self.stub_port: int | None = None
-        self._runners: list[web.AppRunner] = []
+        self.listeners = Listeners(reuse_port=config.cluster.enabled)
         self._tasks: list[asyncio.Task[Any]] = []
         self._unwatch_gc: Callable[[], None] = lambda: None
 
@@ -483,10 +472,13 @@ class Core:
     # -- start and stop -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        cfg = self.config
         for step in self.hooks.before_load:
             await step()
         await load_state(self)
-        self.appservice_port = await self._serve_appservice()
+        self.appservice_port = await self.listeners.listen(
+            appservice_app(self), cfg.appservice.listen.host, cfg.appservice.listen.port
+        )
         self.running = True
         self._start_background()
         positions = await self.checkpoints.positions()
@@ -500,10 +492,11 @@ class Core:
             ]
         for started in self.hooks.lanes_started:
             await started(positions)
-        self.stub_port = await self._serve_stubs()
+        self.stub_port = await self.listeners.listen(
+            stub_app(self), cfg.stub.listen.host, cfg.stub.listen.port
+        )
         for feature in self.features:
             await feature.start()
-        cfg = self.config
         log.info(
             "node started",
             appservice=f"http://{cfg.appservice.listen.host}:{self.appservice_port}",
@@ -511,43 +504,6 @@ class Core:
             homeserver=cfg.homeserver.url,
             sessions=len(self.sessions),
         )
-
-    async def _serve_appservice(self) -> int:
-        cfg = self.config
-        as_hosts = KnownHosts(
-            [*cfg.appservice.public_hosts, url_host(cfg.appservice.url)],
-            "appservice.public_hosts",
-        )
-        as_app = web.Application(
-            client_max_size=cfg.appservice.max_body_bytes, middlewares=[as_hosts.middleware]
-        )
-        queries = NamespaceQueries(self.api, self.session_rows, cfg.appservice.user_prefix)
-        handler: TransactionHandler = self.inbound
-        for wrap in self.hooks.transactions:
-            handler = wrap(handler)
-        AppserviceServer(
-            cfg.appservice.hs_token, handler, self.transactions, queries, self.as_metrics
-        ).add_routes(as_app)
-        HealthEndpoints(
-            {"homeserver": self._probe_homeserver, "database": self._probe_database},
-            self.metrics,
-        ).add_routes(as_app)
-        for add_routes in self.hooks.appservice_routes:
-            add_routes(as_app)
-        if cfg.policy_api.token is not None:
-            as_app.add_routes(
-                PolicyApi(self.rule_store, cfg.policy_api.token, self._policy_changed).routes()
-            )
-        return await self._listen(as_app, cfg.appservice.listen.host, cfg.appservice.listen.port)
-
-    async def _serve_stubs(self) -> int:
-        cfg = self.config
-        stub_app = web.Application(
-            middlewares=[KnownHosts(cfg.stub.known_hosts, "stub.public_hosts").middleware]
-        )
-        WebPages(cfg.domain, StubFiles(), cfg.stub.public_url).add_routes(stub_app)
-        self.stub_endpoint.add_routes(stub_app)
-        return await self._listen(stub_app, cfg.stub.listen.host, cfg.stub.listen.port)
 
     def _start_background(self) -> None:
         self._tasks += [
@@ -569,25 +525,6 @@ class Core:
         if gc_config.paced:
             collector = Collector(gc_config.thresholds, gc_config.min_interval_seconds)
             self._tasks.append(asyncio.create_task(collector.run(), name="gc"))
-
-    async def _listen(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        # A crowd of runtimes connects at once (a node restart, a page of hundreds of stubs):
-        # a short listen queue drops connections, which then wait for TCP's retry (1 s, 3 s).
-        # A domain's processes on one machine share the ports: the kernel spreads connections.
-        site = web.TCPSite(
-            runner,
-            host,
-            port,
-            reuse_address=True,
-            reuse_port=self.config.cluster.enabled,
-            backlog=LISTEN_BACKLOG,
-        )
-        await site.start()
-        self._runners.append(runner)
-        # The bound port, which differs from the configured one when that was 0.
-        return int(runner.addresses[-1][1])
 
     async def stop(self) -> None:
         """Stop without losing anything: read no more frames, send what the lanes hold and
@@ -612,7 +549,12 @@ class Core:
         except Exception:
             log.exception("final checkpoint failed; the next start recovers from the last one")
         await self.stub_endpoint.close_all()
-        await self._close_listeners()
+        # The listeners close; the journal is flushed between their shutdown and cleanup.
+        await self.listeners.shutdown()
+        if self.journal.stream is not None:
+            await self.journal.stream.flush(SHUTDOWN_FLUSH_SECONDS)
+            await self.journal.stream.close()
+        await self.listeners.cleanup()
         for feature in self.features:
             await feature.stop()
         for task in list(self._background):
@@ -630,17 +572,6 @@ class Core:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-
-    async def _close_listeners(self) -> None:
-        """The listeners close; the journal is flushed between their shutdown and cleanup."""
-        for runner in reversed(self._runners):
-            await runner.shutdown()
-        if self.journal.stream is not None:
-            await self.journal.stream.flush(SHUTDOWN_FLUSH_SECONDS)
-            await self.journal.stream.close()
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
 
     async def _flush_lanes(self) -> None:
         assert self.lanes is not None
@@ -662,13 +593,3 @@ class Core:
             async with asyncio.timeout(timeout):
                 while self.settlement.awaiting_acknowledgements():  # noqa: ASYNC110 - polled
                     await asyncio.sleep(0.02)
-
-    async def _probe_homeserver(self) -> dict[str, Any]:
-        return await probe_homeserver(self)
-
-    async def _probe_database(self) -> dict[str, Any]:
-        return await probe_database(self)
-
-    async def _policy_changed(self, action: str, rule_id: str | None, rule: Any) -> None:
-        self.journal.policy(action, rule_id, rule)
-        log.info("policy changed", action=action, rule=rule_id)
