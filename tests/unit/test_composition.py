@@ -181,3 +181,77 @@ def test_the_core_starts_and_stops_without_a_homeserver(tmp_path: Path) -> None:
         assert not node.core.running
 
     asyncio.run(run())
+
+
+class _Recorder:
+    """A feature that notes each point of the start and the stop it is called at."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self._name, self._calls = name, calls
+
+    def _note(self, point: str) -> None:
+        self._calls.append(f"{self._name}:{point}")
+
+    def attach(self, core: Core) -> None:
+        hooks = core.hooks
+        self._note("attach")
+
+        async def before_load() -> None:
+            self._note("before_load")
+
+        async def sessions_loaded() -> None:
+            self._note("sessions_loaded")
+
+        async def lanes_started(_positions: dict[str, str]) -> None:
+            self._note("lanes_started")
+
+        async def stopping() -> None:
+            self._note("stopping")
+
+        hooks.before_load.append(before_load)
+        hooks.marks_loaded.append(lambda _epoch, _marks: self._note("marks_loaded"))
+        hooks.sessions_loaded.append(sessions_loaded)
+        hooks.appservice_routes.append(lambda _app: self._note("appservice_routes"))
+        hooks.lanes_started.append(lanes_started)
+        hooks.stopping.append(stopping)
+        hooks.assembled.append(lambda: self._note("assembled"))
+
+    async def start(self) -> None:
+        self._note("start")
+
+    async def stop(self) -> None:
+        self._note("stop")
+
+
+def test_features_are_called_in_their_order_at_each_point(tmp_path: Path) -> None:
+    async def run() -> None:
+        config = _config(
+            tmp_path, routing={"journal": False}, registry={"builtin": {"enabled": False}}
+        )
+        await migrate.upgrade(config.database.url)
+        calls: list[str] = []
+        core = Core(config, outboxes=_Outboxes)
+        core.attach(_Recorder("first", calls))
+        core.attach(_Recorder("second", calls))
+        core.assemble()
+        await core.start()
+        await core.stop()
+        points = [
+            "before_load",
+            "marks_loaded",
+            "sessions_loaded",
+            "appservice_routes",
+            "lanes_started",
+            "start",
+            "stopping",
+            "stop",
+        ]
+        assert calls == [
+            "first:attach",
+            "second:attach",
+            "first:assembled",
+            "second:assembled",
+            *(f"{name}:{point}" for point in points for name in ("first", "second")),
+        ]
+
+    asyncio.run(run())
