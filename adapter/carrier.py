@@ -328,7 +328,7 @@ def _to(raw: Any) -> tuple[str, ...]:
 # own), the rest are addresses and Matrix ids.
 _ORIGIN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # In a domain's own lanes only: what a peer domain's runtime sent, which the federation process
-# relays to the domain's lanes numbered in the peer's namespace (routing/peer_traffic.py
+# relays to the domain's lanes numbered in the peer's namespace (federation/peer_traffic.py
 # ``peer_origin``; at most 128 characters, as the sender marks keep them).
 _RELAYED_ORIGIN = re.compile(r"[A-Za-z0-9._-]{1,64}|peer:[A-Za-z0-9.:_-]{1,123}")
 MAX_SENDER_FIELD = 1024
@@ -490,3 +490,12 @@ def media_kind(content: Any) -> str:
     if isinstance(content, dict) and "media" in content:
         return "media"
     return "packed" if isinstance(content, dict) and "packed" in content else "inline"
+
+
+def event_number(content: Any) -> int:
+    """A numbered room event's number ``n`` (a lane's or a peer's); 0 for one without a usable
+    number (never delivered)."""
+    n = content.get("n") if isinstance(content, dict) else None
+    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_NUMBER:
+        return n
+    return 0

@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 from rich.console import Console
@@ -50,24 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    gen = sub.add_parser(
-        "generate-registration",
-        help="write a Synapse appservice registration with fresh tokens; create or update the "
-        "config to match",
-    )
-    gen.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        default=Path("registration.yaml"),
-        help="registration file to write (default: ./registration.yaml)",
-    )
-    gen.add_argument(
-        "--url", help="URL the homeserver uses to reach the node (appservice.public_url)"
-    )
-    gen.add_argument("--homeserver-url", help="homeserver client-server API URL (homeserver.url)")
-    gen.add_argument("--server-name", help="homeserver server name (homeserver.server_name)")
-    gen.add_argument("--domain", help="reTHINK domain served by the node (domain)")
+    _add_generate_registration(sub)
 
     db = sub.add_parser("db", help="database migrations")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
@@ -87,6 +70,34 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_policy_parser(sub)
 
+    _add_data_commands(sub)
+    _add_up(sub)
+    return parser
+
+
+def _add_generate_registration(sub: Any) -> None:
+    gen = sub.add_parser(
+        "generate-registration",
+        help="write a Synapse appservice registration with fresh tokens; create or update the "
+        "config to match",
+    )
+    gen.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("registration.yaml"),
+        help="registration file to write (default: ./registration.yaml)",
+    )
+    gen.add_argument(
+        "--url", help="URL the homeserver uses to reach the node (appservice.public_url)"
+    )
+    gen.add_argument("--homeserver-url", help="homeserver client-server API URL (homeserver.url)")
+    gen.add_argument("--server-name", help="homeserver server name (homeserver.server_name)")
+    gen.add_argument("--domain", help="reTHINK domain served by the node (domain)")
+
+
+def _add_data_commands(sub: Any) -> None:
+    """export, analyze and dashboard: what the node's rooms hold, as data."""
     export = sub.add_parser(
         "export", help="write the rooms' events as a Parquet dataset (incremental)"
     )
@@ -112,6 +123,8 @@ def _build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--out", required=True, type=Path, help="HTML file to write")
     dashboard.add_argument("--domain", help="your domain: adds the federation panel")
 
+
+def _add_up(sub: Any) -> None:
     up = sub.add_parser(
         "up", help="run everything locally: install and start Synapse, migrate, run the node"
     )
@@ -160,7 +173,6 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="with --workers: the Redis the workers replicate over (default 127.0.0.1:6379)",
     )
-    return parser
 
 
 def _node_count(value: str) -> int:

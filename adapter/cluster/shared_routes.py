@@ -25,7 +25,7 @@ from sqlalchemy import Connection, text
 
 from ..routing_table import RoutingTable
 from ..storage.database import Database
-from ..storage.processes import PROCESSES_CHANNEL, ROUTES_CHANNEL
+from ..storage.processes import PROCESSES_CHANNEL, ROUTES_CHANNEL, application_name
 
 log = structlog.get_logger(__name__)
 
@@ -33,11 +33,6 @@ RETRY_MAX_SECONDS = 5.0
 # The longest a message to an address this process does not know waits for the announcements
 # in flight before it is refused.
 CATCH_UP_SECONDS = 2.0
-
-
-def application_name(process: str) -> str:
-    """How the process's database connections are named (announcements carry it)."""
-    return f"rethink-mn/{process}"
 
 
 class SharedRoutes:

@@ -4,7 +4,7 @@ Every process delivers the routed messages of every lane to the sessions it hold
 lanes' when the homeserver answers their sends (routing/lanes.py), the other processes' lanes
 here. The same appservice bot writes every process's lanes; one /sync loop of the lane reader
 (a user of the appservice every lane admits: Synapse serves no /sync to an appservice's own
-user) brings their events; each room is an ordered feed (routing/peer_feed.py) that
+user) brings their events; each room is an ordered feed (federation/peer_feed.py) that
 hands them over strictly in the writer's numbering, reading the room for what /sync skipped.
 Each room's recovery position is this process's own, stored with its checkpoints like a lane's:
 after a restart, each feed reads its room from there.
@@ -22,11 +22,11 @@ import structlog
 from appservice.intent import Intent
 
 from .. import carrier
+from ..carrier import event_number
+from ..federation.peer_feed import PeerFeed
+from ..federation.peers import Peer
 from ..observability import NodeMetrics
 from ..routing.delivery import Delivery
-from ..routing.federation import event_number
-from ..routing.peer_feed import PeerFeed
-from ..routing.peers import Peer
 from ..routing.settlement import Settlement
 
 log = structlog.get_logger(__name__)

@@ -49,7 +49,7 @@ from appservice.intent import Intent
 
 from .. import carrier
 from ..access import AccessMonitor
-from ..routing.federation import event_number
+from ..carrier import event_number
 from ..routing.lanes import Lane
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry

@@ -20,7 +20,7 @@ from ..addresses import domain_of
 from ..config import NodeConfig
 from .rows import Row
 
-# The default localpart of a peer node's bot (routing/peers.py speaks to peers with it).
+# The default localpart of a peer node's bot (federation/peers.py speaks to peers with it).
 _PEER_BOT_LOCALPART: Final = "_rethink_bot"
 LOCAL: Final = ""
 

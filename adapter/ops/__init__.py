@@ -7,4 +7,5 @@
 * `refresh`         the worker process: ingest, add the new rows to the window, publish, repeat
 * `worker`          the node's side of it: starts, watches and stops that process
 * `live_dashboard`  GET /dashboard and /dashboard/data.json, loopback or operator token
+* `feature`         attaches all of it to the node's core (adapter/core/hooks.py)
 """

@@ -31,7 +31,7 @@ from .settlement import Ticket
 
 log = structlog.get_logger(__name__)
 
-# Sends a delivered message on to the peer domains it is for (routing/abroad.py ``Onward``).
+# Sends a delivered message on to the peer domains it is for (federation/abroad.py ``Onward``).
 SendOn = Callable[[Routed, Ticket | None], Awaitable[None]]
 
 
@@ -199,7 +199,7 @@ class Delivery:
         if not targets:
             self._metrics.messages_out.labels("no_destination").inc()
             # Known with nobody to reach (a stream without subscribers) is no error, nor is a
-            # message for another domain (its lane carries it there: routing/abroad.py).
+            # message for another domain (its lane carries it there: federation/abroad.py).
             if sender is not None and not destinations.known and not self._abroad(routed.to):
                 await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
             return 0

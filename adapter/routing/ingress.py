@@ -51,11 +51,10 @@ from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
 from ..sessions.upstream import Pending, Settles
 from ..storage.database import unavailable as database_unavailable
 from ..storage.routes import RouteStore
-from .abroad import Abroad, remote_domains
 from .journal import Journal
 from .lanes import Outbox, Outboxes, Outgoing
-from .peers import PeerRefused
 from .policy import PolicyEngine
+from .way_abroad import Abroad, PeerRefused, remote_domains
 
 log = structlog.get_logger(__name__)
 

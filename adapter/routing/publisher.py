@@ -13,7 +13,7 @@ from ..carrier import Routed, Sender
 from ..envelope import dumps
 from ..sessions.mailbox import EPOCH_SHIFT
 from .lanes import Outbox, Outboxes, Outgoing
-from .peers import PeerRefused
+from .way_abroad import PeerRefused
 
 log = structlog.get_logger(__name__)
 

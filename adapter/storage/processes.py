@@ -17,6 +17,12 @@ from .models import NodeProcess
 ROUTES_CHANNEL = "rethink_mn_routes"
 PROCESSES_CHANNEL = "rethink_mn_processes"
 
+
+def application_name(process: str) -> str:
+    """How the process's database connections are named (announcements carry it)."""
+    return f"rethink-mn/{process}"
+
+
 # Run by every process at start, under one advisory lock (two processes replacing a function at
 # once would fail). Each row change of the routing state is announced, with the process that
 # made it (the connection's application_name), as one small JSON payload: only the columns

@@ -264,9 +264,11 @@ async def test_the_federation_process_struck_off_and_started_again_sends_on_what
             )
         )
     )
-    assert p2._take_over is not None and p2._processes is not None
-    await p2._take_over.gone("p1")
-    assert [row.name for row in await p2._processes.all()] == ["p2"]
+    assert p2.cluster is not None
+    take_over, processes = p2.cluster.take_over, p2.cluster.processes
+    assert take_over is not None and processes is not None
+    await take_over.gone("p1")
+    assert [row.name for row in await processes.all()] == ["p2"]
     alice = await _runtime(p2, "cf-struck")
     bob = await _runtime(b, "cf-struck-far", B)
     try:

@@ -24,9 +24,9 @@ from hypothesis import given, seed
 from hypothesis import strategies as st
 
 from adapter import carrier
+from adapter.carrier import event_number
+from adapter.federation import peer_feed
 from adapter.node import Node
-from adapter.routing import peer_feed
-from adapter.routing.federation import event_number
 from adapter.storage import migrate
 from appservice.api import HomeserverClient, MatrixError
 from appservice.intent import AppserviceAPI, Intent
@@ -253,7 +253,7 @@ async def test_a_peer_subscribes_only_to_this_domains_streams_for_a_named_runtim
     nameless = _sub("subscribe", [f"{arena.al}/changes"], source=None)
     await b.send([("bnode", b.n + 1, [f"domain://msg-node.{A}/sm"], nameless)])
     assert (await _answer(arena, orjson.loads(nameless)["id"]))["body"]["code"] == 400
-    assert await a._remote_subscriptions.all() == []
+    assert await a.core.remote_subscriptions.all() == []
     # A-local traffic to bob stays in A.
     assert a.monitor.receivers((arena.bo,), None).domains == frozenset()
     # A stream of A is granted to the named B runtime, and ends with it.
@@ -262,7 +262,7 @@ async def test_a_peer_subscribes_only_to_this_domains_streams_for_a_named_runtim
     await b.send([("bnode", b.n + 1, [f"domain://msg-node.{A}/sm"], granted)])
     assert (await _answer(arena, orjson.loads(granted)["id"]))["body"]["code"] == 200
     assert a.monitor.receivers((stream,), None).domains == {B}
-    assert await a._remote_subscriptions.all() == [(stream, B, f"runtime://{B}/r1")]
+    assert await a.core.remote_subscriptions.all() == [(stream, B, f"runtime://{B}/r1")]
     left = orjson.dumps(
         {
             "id": "left",
@@ -275,7 +275,7 @@ async def test_a_peer_subscribes_only_to_this_domains_streams_for_a_named_runtim
     await b.send([("bnode", b.n + 1, [f"domain://msg-node.{A}/sm"], left)])
     assert (await _answer(arena, "left"))["body"]["code"] == 200
     assert a.monitor.receivers((stream,), None).domains == frozenset()
-    assert await a._remote_subscriptions.all() == []
+    assert await a.core.remote_subscriptions.all() == []
 
 
 async def test_one_batch_of_subscriptions_never_exceeds_the_peers_quota(arena: Arena) -> None:
@@ -295,7 +295,7 @@ async def test_one_batch_of_subscriptions_never_exceeds_the_peers_quota(arena: A
     await b.send([("bburst", 1 + i, [sm], t) for i, t in enumerate(texts)])
     codes = [(await _answer(arena, orjson.loads(t)["id"]))["body"]["code"] for t in texts]
     assert codes.count(200) == 4 and codes.count(429) == 26, codes
-    assert len(await a._remote_subscriptions.all()) == PEER_SUBSCRIPTIONS
+    assert len(await a.core.remote_subscriptions.all()) == PEER_SUBSCRIPTIONS
     refused = a.metrics.registry.get_sample_value(
         "rethink_mn_quota_refusals_total", {"quota": "peer_subscriptions"}
     )
@@ -315,7 +315,7 @@ async def test_one_batch_of_subscriptions_never_exceeds_the_peers_quota(arena: A
     await b.send([("bburst", 31 + i, [sm], t) for i, t in enumerate(leaving)])
     for t in leaving:
         assert (await _answer(arena, orjson.loads(t)["id"]))["body"]["code"] == 200
-    assert await a._remote_subscriptions.all() == []
+    assert await a.core.remote_subscriptions.all() == []
 
 
 async def test_a_peers_numbers_never_touch_a_local_runtimes(arena: Arena) -> None:

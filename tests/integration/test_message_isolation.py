@@ -152,7 +152,7 @@ async def test_the_dashboard_and_the_export_go_on_past_a_deeply_nested_message(
         assert [g["id"] for g in got] == [1, 3]
         # The homeserver pushes the lane event to the node, whose tap spools it.
         layout = DashboardLayout(state)
-        tap = node._dashboard_tap
+        tap = node.dashboard_tap
         assert tap is not None
         async with asyncio.timeout(15):
             while not any(obj in p.read_text() for p in layout.spool_dir.glob("*.jsonl")):

@@ -1,4 +1,4 @@
-"""What a domain on several processes sends on to peer domains (routing/abroad.py): the
+"""What a domain on several processes sends on to peer domains (federation/abroad.py): the
 federation process sends on each lane message to the domains it is for, once, holding the lane
 event until the peer's room has it; a peer's relayed message is never sent on."""
 
@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry
 from adapter.access import AccessMonitor
 from adapter.carrier import Routed, Sender
 from adapter.config import FederationConfig, PeerConfig
+from adapter.federation.abroad import Onward, ThroughLanes
+from adapter.federation.peers import PeerRefused, Peers
 from adapter.observability import NodeMetrics
-from adapter.routing.abroad import Onward, ThroughLanes
 from adapter.routing.lanes import Outbox, Outgoing
-from adapter.routing.peers import PeerRefused, Peers
 from adapter.routing.settlement import Ticket
 from adapter.routing_table import RoutingTable
 

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 from adapter.access import AccessMonitor
 from adapter.config import PolicyConfig
 from adapter.envelope import parse
+from adapter.federation.peer_traffic import PeerFeeds
+from adapter.federation.peers import Peer
 from adapter.observability import NodeMetrics
-from adapter.routing.peer_traffic import PeerFeeds
-from adapter.routing.peers import Peer
 from adapter.routing.policy import PolicyEngine
 from adapter.routing_table import RoutingTable
 from adapter.storage.database import Database
@@ -260,7 +260,7 @@ async def test_a_peers_missing_media_holds_its_room_no_longer_than_one_deadline(
     one handling attempt by the homeserver client): the event is skipped at the deadline that
     holds across all attempts, counted, and the feed goes on."""
     from adapter import carrier
-    from adapter.routing import peer_feed
+    from adapter.federation import peer_feed
 
     monkeypatch.setattr(peer_feed, "EVENT_RETRY_SECONDS", 1.0)
     peer = Peer(B, "hs.b.example", "@_rethink_bot:hs.b.example")
@@ -316,10 +316,8 @@ def test_peer_rooms_use_a_pool_of_their_own(tmp_path: Path) -> None:
             limit = peer_client._session.connector.limit
             assert limit == config.federation.peer_connections
         finally:
-            await node._http.close()
-            peer_http = getattr(node, "_peer_http", None)
-            if peer_http is not None:
-                await peer_http.close()
+            await node.core.http.close()
+            await node.core.peer_http.close()
             await node.db.dispose()
 
     asyncio.run(build())
@@ -367,7 +365,7 @@ async def test_a_peers_minted_sender_ids_are_bounded_and_forgotten(db: Database)
     """Row 12: B mints a sender id per message, 800 per event: A keeps the marks of at most
     ``max_origins`` of them, in memory and in ``sender_marks``; at a restart, what the table
     holds beyond the bound (and a former peer's) is let go too."""
-    from adapter.routing.peer_traffic import peer_origin
+    from adapter.federation.peer_traffic import peer_origin
     from adapter.routing.settlement import Settlement
     from adapter.storage.checkpoints import CheckpointStore
 

@@ -10,9 +10,9 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from adapter.carrier import MAX_NUMBER
+from adapter.federation.peer_feed import PeerFeed
+from adapter.federation.peers import Peer
 from adapter.observability import NodeMetrics
-from adapter.routing.peer_feed import PeerFeed
-from adapter.routing.peers import Peer
 from appservice.intent import Intent
 
 

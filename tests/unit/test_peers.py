@@ -12,7 +12,7 @@ from aiohttp import web
 
 from adapter.access import AccessMonitor
 from adapter.config import FederationConfig, PeerConfig
-from adapter.routing.peers import PeerRefused, Peers
+from adapter.federation.peers import PeerRefused, Peers
 from adapter.routing_table import RoutingTable
 
 

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from .abroad import PEER_ORIGIN_PREFIX
+from ..routing.way_abroad import PEER_ORIGIN_PREFIX
 from .peers import Peer
 
 # Let go: the origins and the peer they belonged to (None: no peer any more).

@@ -20,6 +20,9 @@ import orjson
 from ..addresses import domain_of as address_domain
 from ..config import FederationConfig
 from ..identity.model import ascii_lower
+from ..routing.way_abroad import PeerRefused
+
+__all__ = ["DEFAULT_BOT_LOCALPART", "Peer", "PeerRefused", "Peers", "well_known_url"]
 
 DEFAULT_BOT_LOCALPART = "_rethink_bot"
 # A failed discovery is tried again after this long, not on every message.
@@ -37,16 +40,6 @@ class Peer:
     max_rooms: int = 16
     max_origins: int = 10_000
     origin_idle_seconds: float = 3600.0
-
-
-class PeerRefused(Exception):
-    """No traffic to that domain: not on the allow list (403), no homeserver found (404), or
-    its homeserver's discovery unreachable (504)."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
 
 
 def well_known_url(domain: str) -> str:

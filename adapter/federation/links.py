@@ -25,26 +25,18 @@ from appservice.api import MatrixError
 from appservice.intent import Intent
 
 from .. import carrier
-from ..carrier import LaneEncoder
+from ..carrier import LaneEncoder, event_number
 from ..observability import NodeMetrics
-from .flow import PeerPace
-from .lanes import Outgoing, StreamOutbox
+from ..routing.flow import PeerPace
+from ..routing.lanes import Outgoing, StreamOutbox
+from ..routing.rooms import RoomDirectory
+from ..routing.stream import BatchStream, OnRefused, StreamLimits, Traffic
 from .peers import Peer, Peers
-from .rooms import RoomDirectory
-from .stream import BatchStream, OnRefused, StreamLimits, Traffic
 
 log = structlog.get_logger(__name__)
 
 # How long a new room to a peer holds its first events while the peer's node joins it.
 PEER_JOIN_WAIT_SECONDS = 10.0
-
-
-def event_number(content: Any) -> int:
-    """A peer event's number ``n``; 0 for one without a usable number (never delivered)."""
-    n = content.get("n") if isinstance(content, dict) else None
-    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= carrier.MAX_NUMBER:
-        return n
-    return 0
 
 
 # -- outbound -----------------------------------------------------------------------------------

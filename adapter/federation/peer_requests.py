@@ -9,8 +9,8 @@ from typing import Protocol
 
 import orjson
 
+from ..routing.publisher import Publisher
 from .peers import Peers
-from .publisher import Publisher
 
 # A peer's node asks to be sent what is published to these addresses, or not any more.
 SUBSCRIBE, UNSUBSCRIBE = "subscribe", "unsubscribe"

@@ -1,7 +1,7 @@
 """Where a message for other reTHINK domains leaves this process.
 
 A domain's only process writes the rooms to peer domains itself: the ingress puts a message for a
-peer domain on the link to it (federation.py). A domain on several processes has one writer per
+peer domain on the link to it (links.py). A domain on several processes has one writer per
 room to a peer, its federation process (`cluster.federation_process`): every process puts its
 runtimes' messages for peers in its own lane, like any other message, and the federation process
 sends them on as it delivers the lanes it reads (``Onward``). A runtime's messages therefore
@@ -19,47 +19,17 @@ import structlog
 from ..access import AccessMonitor
 from ..carrier import Routed
 from ..observability import NodeMetrics
-from .federation import Federation
-from .lanes import Outbox, Outgoing
+from ..routing.lanes import Outbox, Outgoing
+from ..routing.settlement import Ticket
+from ..routing.way_abroad import PEER_ORIGIN_PREFIX, remote_domains
+from .links import Federation
 from .peers import PeerRefused, Peers
-from .settlement import Ticket
 
 log = structlog.get_logger(__name__)
 
-# The origins of what peers send this domain start so (peer_traffic.peer_origin): never sent on.
-PEER_ORIGIN_PREFIX = "peer:"
 # How long sending on waits for room on a link before it pushes anyway (the lane it reads
 # waits meanwhile: the back-pressure reaches the senders through their own lanes).
 ROOM_WAIT_SECONDS = 30.0
-
-
-def remote_domains(
-    peers: Peers,
-    monitor: AccessMonitor,
-    to: tuple[str, ...],
-    session_id: int | None,
-    subscribed: frozenset[str],
-) -> set[str]:
-    """The peer domains a message goes to: those of addresses this domain has no route for
-    itself, and ``subscribed``, those whose runtimes subscribed to one of its addresses (the
-    monitor's ``receivers(to).domains``)."""
-    found = set(subscribed)
-    for address in to:
-        domain = peers.remote_domain(address)
-        if domain is not None and not monitor.receivers((address,), session_id).known:
-            found.add(domain)
-    return found
-
-
-class Abroad(Protocol):
-    """The ingress's way to other domains."""
-
-    peers: Peers
-
-    async def outbox(self, domain: str) -> Outbox | None:
-        """Where a message for ``domain`` goes besides the sender's lane, or None when the lane
-        carries it there; raises PeerRefused (403, 404, 504)."""
-        ...
 
 
 class DirectLinks:
@@ -87,7 +57,7 @@ class ThroughLanes:
 
 
 class Links(Protocol):
-    """The federation process's links to peer domains (federation.py ``Federation``)."""
+    """The federation process's links to peer domains (links.py ``Federation``)."""
 
     peers: Peers
 

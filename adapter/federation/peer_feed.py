@@ -32,9 +32,9 @@ import structlog
 from appservice.intent import Intent
 
 from .. import carrier
+from ..carrier import event_number
 from ..observability import NodeMetrics
-from .federation import event_number
-from .flow import CONFIRM_NOW, LEGACY_CONFIRM_EVERY, confirm_interval
+from ..routing.flow import CONFIRM_NOW, LEGACY_CONFIRM_EVERY, confirm_interval
 from .peers import Peer
 
 log = structlog.get_logger(__name__)

@@ -22,7 +22,7 @@ Events in rooms this node writes itself are not the peer's to send: ignored (and
 rooms' power levels before they reach here).
 
 A peer's work never waits in this domain's line: ``bot`` here acts through a pool of homeserver
-connections of its own (node.py), a peer's event has one deadline for all its media waits
+connections of its own (core/core.py), a peer's event has one deadline for all its media waits
 (peer_feed.py), and a peer may have this node follow at most ``max_rooms`` rooms (an invitation
 beyond is refused and counted).
 """
@@ -45,7 +45,7 @@ from appservice.intent import Intent
 from .. import carrier
 from ..access import AccessMonitor
 from ..addresses import domain_of as address_domain
-from ..carrier import Routed, Sender
+from ..carrier import Routed, Sender, event_number
 from ..envelope import (
     MAX_ADDRESS_BYTES,
     InvalidMessage,
@@ -56,15 +56,19 @@ from ..envelope import (
 )
 from ..identity.assertion import asserted_domains
 from ..observability import NodeMetrics
+from ..routing.delivery import Delivery, passing
+from ..routing.inbound import RetryTransaction
+from ..routing.lanes import Outbox, Outgoing
+from ..routing.policy import PolicyEngine
+from ..routing.publisher import Publisher
+from ..routing.rooms import RoomDirectory
+from ..routing.settlement import Settlement, Ticket
+from ..routing.way_abroad import PEER_ORIGIN_PREFIX
 from ..routing_table import RoutingTable
 from ..services.base import MnService, Requester, ServiceReply
 from ..services.registry import domain_registry_address, is_service_address, node_addresses
 from ..storage.remote import RemoteSubscriptionStore
-from .abroad import PEER_ORIGIN_PREFIX
-from .delivery import Delivery, passing
-from .federation import Federation, event_number
-from .inbound import RetryTransaction
-from .lanes import Outbox, Outgoing
+from .links import Federation
 from .peer_feed import PeerFeed
 from .peer_origins import PeerOrigins
 from .peer_requests import (
@@ -75,10 +79,6 @@ from .peer_requests import (
     subscription_request,
 )
 from .peers import Peer, PeerRefused, Peers
-from .policy import PolicyEngine
-from .publisher import Publisher
-from .rooms import RoomDirectory
-from .settlement import Settlement, Ticket
 
 log = structlog.get_logger(__name__)
 
