@@ -62,6 +62,8 @@ ACK_FRAME_MAX = 256
 # Frames above the configured limit are answered 413; frames above this multiple of it are cut
 # off by the WebSocket layer itself (close 1009) so no one can make the node buffer gigabytes.
 HARD_LIMIT_FACTOR = 4
+# The frames a runtime's rate counts: all it sends but its closing handshake.
+PACED_FRAMES = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 
 
 class StubEndpoint:
@@ -208,6 +210,10 @@ class StubEndpoint:
             heartbeat=self._config.heartbeat_seconds,
             compress=self._config.compression,
             max_msg_size=self._config.max_frame_bytes * HARD_LIMIT_FACTOR,
+            # Pings are answered below, paced like every other frame: aiohttp's own answer
+            # would come before any pacing, and a flood of pings cost the node what it cost
+            # the sender.
+            autoping=False,
         )
         await ws.prepare(request)
         conn = StubConnection(ws, request, self._max_backlog)
@@ -252,13 +258,15 @@ class StubEndpoint:
                     if frame.type == WSMsgType.TEXT and attachment is not None:
                         await self._take_ack(conn, attachment, frame.data)
                     continue
-                if frame.type == WSMsgType.TEXT:
-                    # The sender's rate, and room in the journal: until both allow it, this
+                if frame.type in PACED_FRAMES:
+                    # The sender's rate: until it allows the next frame (of any kind), this
                     # socket is not read (the sender waits; nothing is dropped).
-                    wait = pace.take(len(frame.data))
+                    wait = pace.take(len(frame.data or b""))
                     if wait > 0:
                         self._metrics.paced_seconds.inc(wait)
                         await asyncio.sleep(wait)
+                if frame.type == WSMsgType.TEXT:
+                    # And room in the journal.
                     while not await self._journal.room(1.0) and not self.closing:
                         pass
                     if attachment is not None:
@@ -277,6 +285,9 @@ class StubEndpoint:
                     await conn.send(
                         control_error(415, "binary frames are not supported; send JSON text frames")
                     )
+                elif frame.type == WSMsgType.PING:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await ws.pong(frame.data)
                 elif frame.type == WSMsgType.ERROR:
                     log.info("stub connection error", error=str(ws.exception()))
                     break

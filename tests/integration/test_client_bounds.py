@@ -261,3 +261,32 @@ async def test_one_sender_filling_an_away_runtimes_inbox_leaves_room_for_the_oth
     finally:
         for runtime in (bob, mallory, alice):
             await runtime.close()
+
+
+async def test_every_frame_a_runtime_sends_counts_against_its_rate(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Pings and binary frames are paced like messages (the attacker review of issue 41: a
+    million pings in ten seconds, answered by the WebSocket layer before any pacing, slowed
+    every honest runtime; binary frames were read and answered unpaced)."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{"stub.messages_per_second": 20.0, "stub.messages_burst": 5},
+    )
+    runtime = _runtime(node, "pinger")
+    paced = "rethink_mn_stub_paced_seconds_total"
+    try:
+        await runtime.connect()
+        ws = runtime.ws
+        assert ws is not None
+        for kind in ("ping", "binary"):
+            before = _metric(node, paced)
+            for _ in range(30):  # 25 past the burst: over a second at 20 a second
+                if kind == "ping":
+                    await ws.ping(b"x")
+                else:
+                    await ws.send_bytes(b"x")
+            # The node holds the socket unread for the frames past the rate.
+            await _until(lambda before=before: _metric(node, paced) - before >= 1.0)
+    finally:
+        await runtime.close()
