@@ -311,6 +311,9 @@ class QuotaConfig(_Strict):
     # Addresses one client holds at most (over all its sessions), and the node in total.
     addresses_per_client: int = Field(default=100_000, ge=1)
     addresses_total: int = Field(default=1_000_000, ge=1)
+    # Subscriptions one client holds at most (over all its sessions), and the node in total.
+    subscriptions_per_client: int = Field(default=100_000, ge=1)
+    subscriptions_total: int = Field(default=1_000_000, ge=1)
 
     @model_validator(mode="after")
     def _shares_within_wholes(self) -> QuotaConfig:
@@ -321,6 +324,8 @@ class QuotaConfig(_Strict):
             raise ValueError("waiting_bytes_per_client must not exceed waiting_bytes_total")
         if self.addresses_per_client > self.addresses_total:
             raise ValueError("addresses_per_client must not exceed addresses_total")
+        if self.subscriptions_per_client > self.subscriptions_total:
+            raise ValueError("subscriptions_per_client must not exceed subscriptions_total")
         return self
 
     @property

@@ -522,23 +522,26 @@ class Node:
         self.table.on_allocations_removed = allocation.let_go
         for endpoint in ENDPOINTS:
             services.add_endpoint(endpoint, allocation)
-        services.add_endpoint(
-            "sm",
-            SubscriptionService(
-                self.table,
-                self.monitor,
-                self.routes,
-                cfg.quotas.subscriptions,
-                on_quota,
-                self._peer_subscriptions.subscription_changed
-                if self._peer_subscriptions is not None
-                else None,
-                lambda r, address: self.policy.check_subscription(
-                    r.runtime_url, r.identity, address
-                ),
-                allocation.claim,
+        self.subscription_service = subscriptions = SubscriptionService(
+            self.table,
+            self.monitor,
+            self.routes,
+            cfg.quotas.subscriptions,
+            on_quota,
+            self._peer_subscriptions.subscription_changed
+            if self._peer_subscriptions is not None
+            else None,
+            lambda r, address: self.policy.check_subscription(r.runtime_url, r.identity, address),
+            allocation.claim,
+            Bound(
+                "subscriptions",
+                cfg.quotas.subscriptions_per_client,
+                cfg.quotas.subscriptions_total,
+                self.metrics.bound_refused,
             ),
+            self._client_of,
         )
+        services.add_endpoint("sm", subscriptions)
         registry, global_registry, unknown = self._connectors
         services.set_connectors(registry, global_registry, IdmService(self._identity_of), unknown)
         return services
@@ -781,6 +784,8 @@ class Node:
         if self._take_over is not None:
             self._unfinished = await self._take_over.hold_unfinished()
         await self._load_routes(lambda _session_id: True)
+        # Read back: held already, so counted whatever the bounds.
+        self.subscription_service.restore()
         for address, domain, runtime in await self._remote_subscriptions.all():
             self.table.subscribe_domain(domain, runtime, [address])
 

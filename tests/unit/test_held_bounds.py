@@ -1,0 +1,103 @@
+"""What runtimes make the node hold is bounded per client and in total (issue 41, "Every
+resource bounded per client and in total"): subscriptions, registry entries and dedupe marks.
+Each decision on its own: taken in one step with the check (requests racing across an await
+cannot both pass), refused with 429 for the client and 503 for the node, counted, and given back
+when what was held goes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from adapter.access import AccessMonitor
+from adapter.bounds import Bound
+from adapter.envelope import Message, parse
+from adapter.routing_table import RoutingTable
+from adapter.services.base import Requester
+from adapter.services.subscriptions import SubscriptionService
+
+CLIENT_OF = {1: "ip:10.0.0.1", 2: "ip:10.0.0.1", 3: "ip:10.0.0.2"}
+
+
+class _Routes:
+    async def subscribe(self, _session: int, _addresses: list[str]) -> None:
+        await asyncio.sleep(0.001)  # a round trip: room for a race
+
+    async def unsubscribe(self, _session: int, _addresses: list[str]) -> None:
+        await asyncio.sleep(0)
+
+
+def _message(kind: str, body: dict[str, object]) -> Message:
+    return parse(
+        orjson.dumps(
+            {"id": 1, "type": kind, "from": "x://m", "to": "domain://msg-node.d/sm", "body": body}
+        ).decode()
+    )
+
+
+def _subscription_service(
+    per_client: int, total: int
+) -> tuple[SubscriptionService, RoutingTable, list[tuple[str, str]]]:
+    table = RoutingTable()
+    for session_id in CLIENT_OF:
+        table.add_runtime(session_id, f"runtime://d/{session_id}")
+    refused: list[tuple[str, str]] = []
+    bound = Bound("subscriptions", per_client, total, lambda r, s: refused.append((r, s)))
+    service = SubscriptionService(
+        table,
+        AccessMonitor("d", table),
+        _Routes(),  # type: ignore[arg-type]
+        bound=bound,
+        client_of=CLIENT_OF.__getitem__,
+    )
+    return service, table, refused
+
+
+def _streams(*names: str) -> dict[str, object]:
+    return {"resources": [f"comm://d/{name}/changes" for name in names]}
+
+
+async def test_subscriptions_are_bounded_per_client_over_its_sessions_and_in_total() -> None:
+    service, table, refused = _subscription_service(per_client=3, total=5)
+
+    async def subscribe(session_id: int, *names: str) -> int:
+        requester = Requester(session_id, f"runtime://d/{session_id}")
+        return (await service.handle(_message("subscribe", _streams(*names)), requester)).code
+
+    # Two sessions of one client racing: between them at most the client's three.
+    codes = await asyncio.gather(subscribe(1, "a", "b"), subscribe(2, "c", "d"))
+    assert sorted(codes) == [200, 429]
+    assert refused == [("subscriptions", "client")]
+    # What a session holds already costs nothing again.
+    winner = 1 if table.subscriptions_of(1) else 2
+    assert await subscribe(winner, "a", "b", "c", "d") == 429
+    assert await subscribe(winner, *("ab" if winner == 1 else "cd")) == 200
+    assert service.shares.bound.held("ip:10.0.0.1") == 2
+    assert await subscribe(1, "e") == 200
+    assert await subscribe(2, "f") == 429
+    # Another client is not held to that client's share; the node's total holds for all.
+    assert await subscribe(3, "g") == 200
+    assert await subscribe(3, "h", "i") == 503
+    assert refused[-1] == ("subscriptions", "total")
+    # What is let go may be taken again: an unsubscribe, and a session's end.
+    requester = Requester(1, "runtime://d/1")
+    held = sorted(table.subscriptions_of(1))
+    answer = await service.handle(_message("unsubscribe", {"resources": held[:1]}), requester)
+    assert answer.code == 200
+    assert await subscribe(2, "f") == 200
+    table.remove_session(2)
+    assert service.shares.bound.held("ip:10.0.0.1") == len(table.subscriptions_of(1))
+    assert await subscribe(3, "h") == 200
+    held_in_all = sum(table.holdings(s).subscriptions for s in CLIENT_OF)
+    assert service.shares.bound.taken == held_in_all
+
+
+async def test_subscriptions_read_back_at_a_start_count_under_their_client() -> None:
+    service, table, _refused = _subscription_service(per_client=2, total=10)
+    table.subscribe(1, ["comm://d/a/changes", "comm://d/b/changes"])
+    service.restore()
+    requester = Requester(2, "runtime://d/2")
+    assert (await service.handle(_message("subscribe", _streams("c")), requester)).code == 429
+    table.remove_session(1)
+    assert (await service.handle(_message("subscribe", _streams("c")), requester)).code == 200
