@@ -314,6 +314,11 @@ class QuotaConfig(_Strict):
     # Subscriptions one client holds at most (over all its sessions), and the node in total.
     subscriptions_per_client: int = Field(default=100_000, ge=1)
     subscriptions_total: int = Field(default=1_000_000, ge=1)
+    # Sender ids (origins) of this domain's runtimes whose dedupe marks the node keeps, per
+    # client and in total: a session numbers in one per stub instance and one of the node's;
+    # beyond, the oldest go (a resent message of theirs is delivered again).
+    marks_per_client: int = Field(default=10_000, ge=1)
+    marks_total: int = Field(default=500_000, ge=1)
 
     @model_validator(mode="after")
     def _shares_within_wholes(self) -> QuotaConfig:
@@ -326,6 +331,8 @@ class QuotaConfig(_Strict):
             raise ValueError("addresses_per_client must not exceed addresses_total")
         if self.subscriptions_per_client > self.subscriptions_total:
             raise ValueError("subscriptions_per_client must not exceed subscriptions_total")
+        if self.marks_per_client > self.marks_total:
+            raise ValueError("marks_per_client must not exceed marks_total")
         return self
 
     @property

@@ -69,6 +69,7 @@ from .routing.inbound import InboundEvents
 from .routing.ingress import Ingress, ServiceDirectory
 from .routing.journal import Journal
 from .routing.lanes import Lane, Lanes, Outboxes
+from .routing.local_origins import LocalOrigins, is_local
 from .routing.peer_requests import PeerSubscriptions, SubscriptionsThroughLanes
 from .routing.peer_traffic import PeerFeeds, PeersPushedElsewhere
 from .routing.peers import Peers
@@ -266,6 +267,15 @@ class Node:
             if through_lanes and self.federation is not None
             else None,
         )
+        # This domain's runtimes' sender marks, bounded per client and in total.
+        self.local_origins = LocalOrigins(
+            self._client_of_origin,
+            self._drop_local_origins,
+            cfg.quotas.marks_per_client,
+            cfg.quotas.marks_total,
+            self.metrics.bound_refused,
+        )
+        self.delivery.on_new_origin = self.local_origins.seen
         self.lanes: Lanes | None = None
         if outboxes is None:
             self.lanes = self._build_lanes()
@@ -626,8 +636,17 @@ class Node:
         asyncio.get_running_loop().call_later(RETIRED_ORIGIN_SECONDS, self._forget_origin, origin)
 
     def _forget_origin(self, origin: str) -> None:
-        self.delivery.marks.pop(origin, None)
-        self.settlement.forget(origin)
+        self.local_origins.gone([origin])
+
+    def _client_of_origin(self, origin: str) -> str:
+        session = self.sessions.by_origin(origin)
+        return session.client if session is not None else ""
+
+    def _drop_local_origins(self, origins: list[str]) -> None:
+        """Those sender ids' marks go, from memory and (at the next checkpoint) the database."""
+        for origin in origins:
+            self.delivery.marks.pop(origin, None)
+        self.settlement.let_go(origins)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -781,6 +800,15 @@ class Node:
             self.peer_feeds.restore_marks(list(marks))
         await self._rule_store.load()
         await self.sessions.load(epoch, await self._pending.stored())
+        self.local_origins.restore(marks)
+        if not self.config.cluster.enabled:
+            # Marks of sessions that are gone go once the lanes have replayed what they carry
+            # (with several processes, an origin unknown here may be another process's).
+            stale = [o for o in marks if is_local(o) and self.sessions.by_origin(o) is None]
+            if stale:
+                asyncio.get_running_loop().call_later(
+                    RETIRED_ORIGIN_SECONDS, self.local_origins.gone, stale
+                )
         if self._take_over is not None:
             self._unfinished = await self._take_over.hold_unfinished()
         await self._load_routes(lambda _session_id: True)

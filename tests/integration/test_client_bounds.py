@@ -13,6 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from adapter import node as node_module
+
 from ..conftest import Databases, NodeFactory
 from ..support.runtime import PyRuntime, stub_url
 
@@ -261,3 +263,66 @@ async def test_one_sender_filling_an_away_runtimes_inbox_leaves_room_for_the_oth
     finally:
         for runtime in (bob, mallory, alice):
             await runtime.close()
+
+
+async def test_the_marks_of_a_sender_that_is_gone_leave_the_database_also_at_a_restart(
+    start_node: NodeFactory, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, dedupe marks: a runtime's mark ("already routed") is kept in memory and in
+    sender_marks. Once its session is released the mark goes, from memory and the table; one
+    whose session went while the node was down goes after the next start. Before, the rows
+    stayed until they aged out (two session lifetimes), and a start read them all back."""
+    monkeypatch.setattr(node_module, "RETIRED_ORIGIN_SECONDS", 0.5)
+    url = await databases.migrated_sqlite()
+    node = await start_node(url)
+    bob = _runtime(node, "bob")
+    senders = [_runtime(node, name) for name in ("left-running", "left-stopped", "stays")]
+    try:
+        await bob.connect()
+        [b] = await bob.allocate(D)
+        for sender in senders:
+            await sender.connect()
+            [s] = await sender.allocate(D)
+            await _ping(sender, bob, s, b, sender.runtime_url)
+        origins = {}
+        for sender in senders:
+            session = node.sessions.by_runtime(sender.runtime_url)
+            assert session is not None and session.upstream is not None
+            origins[sender.runtime_url] = session.upstream.origin
+
+        async def stored() -> set[str]:
+            return set(await node._checkpoints.marks())
+
+        store = node._checkpoints
+        await _until_async(lambda: _all_in(stored, origins.values()))
+        # Released while the node runs: its mark leaves the table.
+        await senders[0].disconnect()
+        await _until_async(lambda: _none_in(stored, [origins[senders[0].runtime_url]]))
+        # Released just before the node stops: the row is still there at the stop.
+        monkeypatch.setattr(node_module, "RETIRED_ORIGIN_SECONDS", 3600.0)
+        await senders[1].disconnect()
+        await node.stop()
+        assert origins[senders[1].runtime_url] in set(await store.marks())
+
+        monkeypatch.setattr(node_module, "RETIRED_ORIGIN_SECONDS", 0.5)
+        node = await start_node(url)
+        await _until_async(lambda: _none_in(stored, [origins[senders[1].runtime_url]]))
+        assert origins[senders[2].runtime_url] in await stored()
+        assert origins[senders[2].runtime_url] in node.delivery.marks
+    finally:
+        for runtime in (bob, *senders):
+            await runtime.close()
+
+
+async def _until_async(check: Any, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.1)
+
+
+async def _all_in(found: Any, wanted: Any) -> bool:
+    return set(wanted) <= await found()
+
+
+async def _none_in(found: Any, unwanted: Any) -> bool:
+    return not set(unwanted) & await found()

@@ -7,15 +7,23 @@ when what was held goes."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
+from prometheus_client import CollectorRegistry
 
 from adapter.access import AccessMonitor
 from adapter.bounds import Bound
 from adapter.envelope import Message, parse
+from adapter.observability import NodeMetrics
+from adapter.routing.local_origins import LocalOrigins
+from adapter.routing.settlement import Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester
 from adapter.services.subscriptions import SubscriptionService
+from adapter.storage.checkpoints import CheckpointStore
+from adapter.storage.database import Database
+from adapter.storage.models import Base
 
 CLIENT_OF = {1: "ip:10.0.0.1", 2: "ip:10.0.0.1", 3: "ip:10.0.0.2"}
 
@@ -101,3 +109,57 @@ async def test_subscriptions_read_back_at_a_start_count_under_their_client() -> 
     assert (await service.handle(_message("subscribe", _streams("c")), requester)).code == 429
     table.remove_session(1)
     assert (await service.handle(_message("subscribe", _streams("c")), requester)).code == 200
+
+
+async def test_local_sender_marks_are_bounded_per_client_and_in_total_and_go_with_their_sender(
+    tmp_path: Path,
+) -> None:
+    """A client minting sender ids (a fresh stub instance at every connect, from many sessions)
+    keeps at most its share of marks, the node its total, in memory and in ``sender_marks``;
+    the marks of a sender that is gone leave both."""
+    db = Database(f"sqlite:///{tmp_path / 'marks.sqlite'}")
+    await db.run(lambda conn: Base.metadata.create_all(conn))
+    try:
+        store = CheckpointStore(db)
+        settlement = Settlement(store, NodeMetrics(CollectorRegistry()))
+        marks: dict[str, int] = {}
+        refused: list[tuple[str, str]] = []
+
+        def drop(origins: list[str]) -> None:
+            for origin in origins:
+                marks.pop(origin, None)
+            settlement.let_go(origins)
+
+        def client_of(origin: str) -> str:
+            return "ip:flood" if origin.startswith("f") else "ip:honest"
+
+        origins = LocalOrigins(client_of, drop, 3, 5, lambda r, s: refused.append((r, s)))
+        ledger = settlement.ledger("!lane")
+
+        def delivered(*senders: str) -> None:
+            ticket = ledger.open("$e" + senders[0])
+            for origin in senders:
+                if origin not in marks:
+                    origins.seen(origin)
+                marks[origin] = ticket.marks[origin] = 1
+            ticket.sealed = True
+
+        delivered("h1.stub", "h2.stub")
+        delivered(*(f"f{i}.stub" for i in range(10)))
+        await settlement.checkpoint()
+        assert sorted(marks) == ["f7.stub", "f8.stub", "f9.stub", "h1.stub", "h2.stub"]
+        assert sorted(await store.marks()) == sorted(marks)
+        assert refused.count(("marks", "client")) == 7
+        # The node's total: a third honest sender pushes out the oldest of all.
+        delivered("h3.stub")
+        assert "h1.stub" not in marks and refused[-1] == ("marks", "total")
+        # The node's own numbering and a peer's senders are not counted here.
+        delivered("mn.node", "peer:b.example/x")
+        assert len(origins) == 5
+        # A sender that is gone: its mark leaves memory and the table.
+        origins.gone(["f9.stub"])
+        await settlement.checkpoint()
+        assert "f9.stub" not in marks and "f9.stub" not in await store.marks()
+        assert origins.held("ip:flood") == 2
+    finally:
+        await db.dispose()
