@@ -249,7 +249,8 @@ class PeerConfig(_Strict):
     max_subscriptions: int = Field(default=100_000, ge=1)
     # Rooms that domain's node may have this node follow (it writes one per process, or per
     # event persister): an invitation beyond is refused and counted
-    # (`rethink_mn_quota_refusals_total{quota="peer_rooms"}`).
+    # (`rethink_mn_quota_refusals_total{quota="peer_rooms"}`). A room counts while that node
+    # is in it: when it leaves, this node leaves too (routing/peer_traffic.py).
     max_rooms: int = Field(default=16, ge=1)
     # Sender ids of that domain's runtimes whose numbers this node keeps (in memory and in
     # `sender_marks`) to drop a message its node sends twice; beyond, the longest idle go
