@@ -441,6 +441,11 @@ class BuiltinRegistryConfig(_Strict):
     presence_delay_seconds: float = Field(default=10.0, ge=0)
     # The registry's REST API on the appservice listener, under /registry/.
     rest_api: Literal["off", "read-only", "read-write"] = "read-only"
+    # Entries the runtimes of one client (over all their sessions) may hold, and all runtimes:
+    # a registration beyond is refused 429 / 503 and counted. Entries count until the sweep
+    # removes them (their grace period after they expire or are deleted).
+    entries_per_client: int = Field(default=20_000, ge=1)
+    entries_total: int = Field(default=1_000_000, ge=1)
 
     @property
     def names_released_for_seconds(self) -> int:
@@ -452,6 +457,8 @@ class BuiltinRegistryConfig(_Strict):
     def _lifetime_within_max(self) -> BuiltinRegistryConfig:
         if self.lifetime_seconds > self.max_lifetime_seconds:
             raise ValueError("lifetime_seconds must not exceed max_lifetime_seconds")
+        if self.entries_per_client > self.entries_total:
+            raise ValueError("entries_per_client must not exceed entries_total")
         return self
 
 

@@ -85,6 +85,7 @@ from .services.connectors import build_connectors
 from .services.idm import IdmService
 from .services.registry import domain_registry_address
 from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
+from .services.registry_entries import RegistryEntries
 from .services.subscriptions import SubscriptionService
 from .sessions.mailbox import Waiting
 from .sessions.registry import Lifecycle, SessionRegistry
@@ -300,6 +301,16 @@ class Node:
             self.publisher.registration_status,
             monitor=self.monitor,
             claim=lambda who, address: self.allocation.claim(who, address),
+            entries=RegistryEntries(
+                Bound(
+                    "registry_entries",
+                    cfg.registry.builtin.entries_per_client,
+                    cfg.registry.builtin.entries_total,
+                    self.metrics.bound_refused,
+                ),
+                lambda: {s.claim: s.client for s in self.sessions},
+            ),
+            client_of=self._client_of,
         )
         if self.registry is not None:
             self._follow_presence(lifecycle, self.registry)

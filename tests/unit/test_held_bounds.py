@@ -14,16 +14,20 @@ from prometheus_client import CollectorRegistry
 
 from adapter.access import AccessMonitor
 from adapter.bounds import Bound
+from adapter.config import DomainRegistryConfig
 from adapter.envelope import Message, parse
 from adapter.observability import NodeMetrics
 from adapter.routing.local_origins import LocalOrigins
 from adapter.routing.settlement import Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester
+from adapter.services.registry_builtin import BuiltinRegistry, build_builtin_registry
+from adapter.services.registry_entries import RegistryEntries
 from adapter.services.subscriptions import SubscriptionService
 from adapter.storage.checkpoints import CheckpointStore
 from adapter.storage.database import Database
 from adapter.storage.models import Base
+from adapter.storage.registry_models import RegistryEntry
 
 CLIENT_OF = {1: "ip:10.0.0.1", 2: "ip:10.0.0.1", 3: "ip:10.0.0.2"}
 
@@ -161,5 +165,96 @@ async def test_local_sender_marks_are_bounded_per_client_and_in_total_and_go_wit
         await settlement.checkpoint()
         assert "f9.stub" not in marks and "f9.stub" not in await store.marks()
         assert origins.held("ip:flood") == 2
+    finally:
+        await db.dispose()
+
+
+def _registration(url: str, runtime: str) -> Message:
+    value: dict[str, object] = {
+        "url": url,
+        "runtime": runtime,
+        "status": "live",
+        "expires": 60,
+        "resources": ["chat"],
+        "dataSchemes": ["comm"],
+    }
+    if url.startswith("hyperty://"):
+        value |= {"user": f"user://d/{runtime[-1]}", "descriptor": "hyperty-catalogue://c/h"}
+    else:
+        value |= {"name": "chat", "schema": "hyperty-catalogue://c/s", "reporter": "hyperty://d/r"}
+    return parse(
+        orjson.dumps(
+            {
+                "id": 1,
+                "type": "create",
+                "from": f"{runtime}/registry",
+                "to": "domain://registry.d/",
+                "body": {"value": value},
+            }
+        ).decode()
+    )
+
+
+async def test_registry_entries_are_bounded_per_client_and_in_total_and_counted_back() -> None:
+    """A client registering from many runtimes holds at most its share of entries (429), the
+    node its total (503), counted; registering an entry again costs nothing more; what the
+    database no longer holds is given back at the next sweep, and what it held at a start is
+    counted under the clients of the sessions that own it."""
+    db = Database("sqlite:///:memory:")
+    await db.run(lambda conn: RegistryEntry.__table__.create(conn))
+    refused: list[tuple[str, str]] = []
+    claims_of_sessions = {"claim-1": "ip:flood", "claim-2": "ip:flood", "claim-3": "ip:honest"}
+    clients = dict(zip(CLIENT_OF, claims_of_sessions.values(), strict=True))
+    try:
+
+        def build() -> tuple[BuiltinRegistry, RegistryEntries]:
+            entries = RegistryEntries(
+                Bound("registry_entries", 3, 5, lambda r, s: refused.append((r, s))),
+                lambda: claims_of_sessions,
+            )
+            registry = build_builtin_registry(
+                DomainRegistryConfig(),
+                db,
+                None,
+                entries=entries,
+                client_of=clients.__getitem__,
+            )
+            assert registry is not None
+            return registry, entries
+
+        registry, entries = build()
+
+        async def register(session_id: int, url: str) -> int:
+            runtime = f"runtime://d/{session_id}"
+            requester = Requester(session_id, runtime, claim=f"claim-{session_id}")
+            reply = await registry.service.handle(_registration(url, runtime), requester)
+            return reply.code
+
+        codes = [await register(1 + i % 2, f"hyperty://d/f{i}") for i in range(4)]
+        assert codes == [200, 200, 200, 429]
+        assert await register(1, "hyperty://d/f0") == 200  # again: no new entry
+        assert await register(3, "comm://d/h0") == 200
+        # Another runtime's entry is refused by the registry: its place is given back.
+        assert await register(3, "hyperty://d/f1") == 403
+        assert entries.bound.taken == 4
+        assert await register(3, "comm://d/h1") == 200
+        assert await register(3, "comm://d/h2") == 503
+        assert refused == [("registry_entries", "client"), ("registry_entries", "total")]
+
+        # Gone from the database (the sweep removed it): given back at the next recount.
+        await db.run(
+            lambda conn: conn.execute(
+                RegistryEntry.__table__.delete().where(RegistryEntry.url == "hyperty://d/f0")
+            )
+        )
+        await registry.expiry.sweep_once()
+        assert entries.bound.held("ip:flood") == 2
+        assert await register(2, "hyperty://d/f9") == 200
+
+        # A start: what the database holds counts under the owners' sessions' clients.
+        registry, entries = build()
+        await registry.expiry.recount()
+        assert entries.bound.held("ip:flood") == 3 and entries.bound.taken == 5
+        assert await register(1, "hyperty://d/f10") == 429
     finally:
         await db.dispose()
