@@ -14,6 +14,8 @@ import aiohttp
 import pytest
 
 from adapter import node as node_module
+from adapter.storage.checkpoints import CheckpointStore
+from adapter.storage.database import Database
 
 from ..conftest import Databases, NodeFactory
 from ..support.runtime import PyRuntime, stub_url
@@ -363,7 +365,6 @@ async def test_the_marks_of_a_sender_that_is_gone_leave_the_database_also_at_a_r
         async def stored() -> set[str]:
             return set(await node._checkpoints.marks())
 
-        store = node._checkpoints
         await _until_async(lambda: _all_in(stored, origins.values()))
         # Released while the node runs: its mark leaves the table.
         await senders[0].disconnect()
@@ -372,7 +373,11 @@ async def test_the_marks_of_a_sender_that_is_gone_leave_the_database_also_at_a_r
         monkeypatch.setattr(node_module, "RETIRED_ORIGIN_SECONDS", 3600.0)
         await senders[1].disconnect()
         await node.stop()
-        assert origins[senders[1].runtime_url] in set(await store.marks())
+        db = Database(url)
+        try:
+            assert origins[senders[1].runtime_url] in await CheckpointStore(db).marks()
+        finally:
+            await db.dispose()
 
         monkeypatch.setattr(node_module, "RETIRED_ORIGIN_SECONDS", 0.5)
         node = await start_node(url)
