@@ -73,6 +73,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _share_within(model: BaseModel, part: str, whole: str) -> None:
+    """A per-client share may not exceed its node-wide whole. A share left at its default is
+    cut to a smaller whole instead (a configuration that lowers only the node-wide bound, as
+    one written before the per-client bounds existed, still starts); one set above it is an
+    error."""
+    if getattr(model, part) <= getattr(model, whole):
+        return
+    if part in model.model_fields_set:
+        raise ValueError(f"{part} must not exceed {whole}")
+    object.__setattr__(model, part, getattr(model, whole))
+
+
 class ListenAddress(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(ge=0, le=65535)
@@ -195,10 +207,8 @@ class StubConfig(_Strict):
 
     @model_validator(mode="after")
     def _per_client_within_total(self) -> StubConfig:
-        if self.max_sessions_per_client > self.max_sessions:
-            raise ValueError("max_sessions_per_client must not exceed max_sessions")
-        if self.max_connections_per_client > self.max_connections:
-            raise ValueError("max_connections_per_client must not exceed max_connections")
+        _share_within(self, "max_sessions_per_client", "max_sessions")
+        _share_within(self, "max_connections_per_client", "max_connections")
         return self
 
     @property
@@ -326,14 +336,10 @@ class QuotaConfig(_Strict):
         share = self.waiting_bytes_per_sender
         if share is not None and share > self.waiting_bytes:
             raise ValueError("waiting_bytes_per_sender must not exceed waiting_bytes")
-        if self.waiting_bytes_per_client > self.waiting_bytes_total:
-            raise ValueError("waiting_bytes_per_client must not exceed waiting_bytes_total")
-        if self.addresses_per_client > self.addresses_total:
-            raise ValueError("addresses_per_client must not exceed addresses_total")
-        if self.subscriptions_per_client > self.subscriptions_total:
-            raise ValueError("subscriptions_per_client must not exceed subscriptions_total")
-        if self.marks_per_client > self.marks_total:
-            raise ValueError("marks_per_client must not exceed marks_total")
+        _share_within(self, "waiting_bytes_per_client", "waiting_bytes_total")
+        _share_within(self, "addresses_per_client", "addresses_total")
+        _share_within(self, "subscriptions_per_client", "subscriptions_total")
+        _share_within(self, "marks_per_client", "marks_total")
         return self
 
     @property
@@ -457,8 +463,7 @@ class BuiltinRegistryConfig(_Strict):
     def _lifetime_within_max(self) -> BuiltinRegistryConfig:
         if self.lifetime_seconds > self.max_lifetime_seconds:
             raise ValueError("lifetime_seconds must not exceed max_lifetime_seconds")
-        if self.entries_per_client > self.entries_total:
-            raise ValueError("entries_per_client must not exceed entries_total")
+        _share_within(self, "entries_per_client", "entries_total")
         return self
 
 
