@@ -112,7 +112,8 @@ async def test_idle_handshakes_are_closed_and_leave_room_for_an_honest_runtime(
         idle = [await http.ws_connect(stub_url(node), heartbeat=None) for _ in range(3)]
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await http.ws_connect(stub_url(node))
-        assert refused.value.status == 503
+        # Full: the node (503), or the host, whose share is cut to the node's whole (429).
+        assert refused.value.status in (429, 503)
         for ws in idle:
             closed = await ws.receive(timeout=30)
             assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), closed
