@@ -94,3 +94,58 @@ class Bound:
                 self._held[client] = left
             else:
                 self._held.pop(client, None)
+
+
+class SessionShares:
+    """What each session took of a ``Bound``, and under which client: what goes is given back
+    to the client that took it, and never more than the session took (what the node read back
+    at a start and was not counted gives nothing back). Subscriptions, registry entries and
+    addresses are held by sessions but bounded per client."""
+
+    def __init__(self, bound: Bound, client_of: Callable[[int], str]) -> None:
+        self.bound = bound
+        self._client_of = client_of
+        self._taken: dict[int, tuple[str, int]] = {}
+
+    def taken(self, session_id: int) -> int:
+        taken = self._taken.get(session_id)
+        return taken[1] if taken is not None else 0
+
+    def take(self, session_id: int, amount: int = 1) -> BoundRefused | None:
+        """Take ``amount`` for the session's client in one step with the check (nothing
+        taken when refused; the refusal is counted)."""
+        if amount <= 0:
+            return None
+        client = self._client_of(session_id)
+        refused = self.bound.take(client, amount)
+        if refused is None:
+            self._note(session_id, client, amount)
+        return refused
+
+    def force(self, session_id: int, amount: int) -> None:
+        """Count what the session holds already (read back at a start) without a check."""
+        if amount <= 0:
+            return
+        client = self._client_of(session_id)
+        self.bound.force(client, amount)
+        self._note(session_id, client, amount)
+
+    def give(self, session_id: int, amount: int = 1) -> None:
+        taken = self._taken.get(session_id)
+        if taken is None or amount <= 0:
+            return
+        client, held = taken
+        amount = min(amount, held)
+        self.bound.give(client, amount)
+        if held > amount:
+            self._taken[session_id] = (client, held - amount)
+        else:
+            del self._taken[session_id]
+
+    def give_all(self, session_id: int) -> None:
+        """The session is gone: everything it took goes back."""
+        self.give(session_id, self.taken(session_id))
+
+    def _note(self, session_id: int, client: str, amount: int) -> None:
+        earlier = self._taken.get(session_id)
+        self._taken[session_id] = (client, amount + (earlier[1] if earlier else 0))

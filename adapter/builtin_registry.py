@@ -8,8 +8,10 @@ from typing import Any
 
 from aiohttp import web
 
+from .bounds import Bound
 from .core import Core
 from .services.registry_builtin import BuiltinRegistry, build_builtin_registry
+from .services.registry_entries import RegistryEntries
 from .sessions.session import Session
 
 
@@ -25,12 +27,29 @@ class RegistryFeature:
             self._status_changed,
             monitor=core.monitor,
             claim=lambda who, address: core.allocation.claim(who, address),
+            entries=self._entries(core),
+            client_of=core.client_of,
         )
         assert registry is not None, "chosen only when the built-in registry is configured"
         core.hooks.registry_service = registry.service
         core.hooks.claim_in_use = registry.backend.claim_in_use
         core.hooks.appservice_routes.append(self._add_routes)
         self._follow_presence(registry)
+
+    @staticmethod
+    def _entries(core: Core) -> RegistryEntries:
+        """Entries bounded per client and in total, each owner's counted under the client of
+        its claim's sessions (registry_entries.py)."""
+        settings = core.config.registry.builtin
+        return RegistryEntries(
+            Bound(
+                "registry_entries",
+                settings.entries_per_client,
+                settings.entries_total,
+                core.metrics.bound_refused,
+            ),
+            lambda: {s.claim: s.client for s in core.sessions},
+        )
 
     async def _status_changed(self, url: str, status: str) -> None:
         await self._core.publisher.registration_status(url, status)

@@ -73,6 +73,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _share_within(model: BaseModel, part: str, whole: str) -> None:
+    """A per-client share may not exceed its node-wide whole. A share left at its default is
+    cut to a smaller whole instead (a configuration that lowers only the node-wide bound, as
+    one written before the per-client bounds existed, still starts); one set above it is an
+    error."""
+    if getattr(model, part) <= getattr(model, whole):
+        return
+    if part in model.model_fields_set:
+        raise ValueError(f"{part} must not exceed {whole}")
+    object.__setattr__(model, part, getattr(model, whole))
+
+
 class ListenAddress(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(ge=0, le=65535)
@@ -195,10 +207,8 @@ class StubConfig(_Strict):
 
     @model_validator(mode="after")
     def _per_client_within_total(self) -> StubConfig:
-        if self.max_sessions_per_client > self.max_sessions:
-            raise ValueError("max_sessions_per_client must not exceed max_sessions")
-        if self.max_connections_per_client > self.max_connections:
-            raise ValueError("max_connections_per_client must not exceed max_connections")
+        _share_within(self, "max_sessions_per_client", "max_sessions")
+        _share_within(self, "max_connections_per_client", "max_connections")
         return self
 
     @property
@@ -249,7 +259,8 @@ class PeerConfig(_Strict):
     max_subscriptions: int = Field(default=100_000, ge=1)
     # Rooms that domain's node may have this node follow (it writes one per process, or per
     # event persister): an invitation beyond is refused and counted
-    # (`rethink_mn_quota_refusals_total{quota="peer_rooms"}`).
+    # (`rethink_mn_quota_refusals_total{quota="peer_rooms"}`). A room counts while that node
+    # is in it: when it leaves, this node leaves too (federation/peer_traffic.py).
     max_rooms: int = Field(default=16, ge=1)
     # Sender ids of that domain's runtimes whose numbers this node keeps (in memory and in
     # `sender_marks`) to drop a message its node sends twice; beyond, the longest idle go
@@ -311,16 +322,24 @@ class QuotaConfig(_Strict):
     # Addresses one client holds at most (over all its sessions), and the node in total.
     addresses_per_client: int = Field(default=100_000, ge=1)
     addresses_total: int = Field(default=1_000_000, ge=1)
+    # Subscriptions one client holds at most (over all its sessions), and the node in total.
+    subscriptions_per_client: int = Field(default=100_000, ge=1)
+    subscriptions_total: int = Field(default=1_000_000, ge=1)
+    # Sender ids (origins) of this domain's runtimes whose dedupe marks the node keeps, per
+    # client and in total: a session numbers in one per stub instance and one of the node's;
+    # beyond, the oldest go (a resent message of theirs is delivered again).
+    marks_per_client: int = Field(default=10_000, ge=1)
+    marks_total: int = Field(default=500_000, ge=1)
 
     @model_validator(mode="after")
     def _shares_within_wholes(self) -> QuotaConfig:
         share = self.waiting_bytes_per_sender
         if share is not None and share > self.waiting_bytes:
             raise ValueError("waiting_bytes_per_sender must not exceed waiting_bytes")
-        if self.waiting_bytes_per_client > self.waiting_bytes_total:
-            raise ValueError("waiting_bytes_per_client must not exceed waiting_bytes_total")
-        if self.addresses_per_client > self.addresses_total:
-            raise ValueError("addresses_per_client must not exceed addresses_total")
+        _share_within(self, "waiting_bytes_per_client", "waiting_bytes_total")
+        _share_within(self, "addresses_per_client", "addresses_total")
+        _share_within(self, "subscriptions_per_client", "subscriptions_total")
+        _share_within(self, "marks_per_client", "marks_total")
         return self
 
     @property
@@ -428,6 +447,11 @@ class BuiltinRegistryConfig(_Strict):
     presence_delay_seconds: float = Field(default=10.0, ge=0)
     # The registry's REST API on the appservice listener, under /registry/.
     rest_api: Literal["off", "read-only", "read-write"] = "read-only"
+    # Entries the runtimes of one client (over all their sessions) may hold, and all runtimes:
+    # a registration beyond is refused 429 / 503 and counted. Entries count until the sweep
+    # removes them (their grace period after they expire or are deleted).
+    entries_per_client: int = Field(default=20_000, ge=1)
+    entries_total: int = Field(default=1_000_000, ge=1)
 
     @property
     def names_released_for_seconds(self) -> int:
@@ -439,6 +463,7 @@ class BuiltinRegistryConfig(_Strict):
     def _lifetime_within_max(self) -> BuiltinRegistryConfig:
         if self.lifetime_seconds > self.max_lifetime_seconds:
             raise ValueError("lifetime_seconds must not exceed max_lifetime_seconds")
+        _share_within(self, "entries_per_client", "entries_total")
         return self
 
 

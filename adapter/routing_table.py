@@ -38,6 +38,9 @@ class RoutingTable:
         # Told how many of a session's allocated addresses went (the node's address bound
         # gives them back: services/allocation.py).
         self.on_allocations_removed: Callable[[int, int], None] = lambda _session, _n: None
+        # Told how many of a session's subscriptions went (the node's subscription bound
+        # gives them back: services/subscriptions.py).
+        self.on_subscriptions_removed: Callable[[int, int], None] = lambda _session, _n: None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -151,22 +154,29 @@ class RoutingTable:
                         entry.keys.discard(block_key[1])
         return removed
 
-    def subscribe(self, session_id: int, addresses: Iterable[str]) -> None:
+    def subscribe(self, session_id: int, addresses: Iterable[str]) -> int:
+        """The session subscribes to ``addresses``; returns how many it did not hold yet."""
         entry = self._entry(session_id)
+        before = len(entry.subscriptions)
         for address in addresses:
             self._subscribers.setdefault(address, set()).add(session_id)
             entry.subscriptions.add(address)
+        return len(entry.subscriptions) - before
 
     def unsubscribe(self, session_id: int, addresses: Iterable[str]) -> None:
         entry = self._by_session.get(session_id)
+        removed = 0
         for address in addresses:
             subscribers = self._subscribers.get(address)
             if subscribers is not None:
                 subscribers.discard(session_id)
                 if not subscribers:
                     del self._subscribers[address]
-            if entry is not None:
+            if entry is not None and address in entry.subscriptions:
                 entry.subscriptions.discard(address)
+                removed += 1
+        if removed:
+            self.on_subscriptions_removed(session_id, removed)
 
     def subscribe_domain(self, domain: str, runtime: str, addresses: Iterable[str]) -> list[str]:
         """A runtime of another domain subscribed, through its node, to ``addresses``. Returns
@@ -265,6 +275,8 @@ class RoutingTable:
                 subscribers.discard(session_id)
                 if not subscribers:
                     del self._subscribers[address]
+        if entry.subscriptions:
+            self.on_subscriptions_removed(session_id, len(entry.subscriptions))
         for address in entry.learned:
             if self._learned.get(address) == session_id:
                 del self._learned[address]

@@ -46,6 +46,7 @@ from ..routing.inbound import InboundEvents
 from ..routing.ingress import Ingress, ServiceDirectory
 from ..routing.journal import Journal
 from ..routing.lanes import Lane, Lanes, Outboxes
+from ..routing.local_origins import LocalOrigins, is_local
 from ..routing.policy import PolicyEngine
 from ..routing.publisher import Publisher, node_origin
 from ..routing.recovery import LaneRecovery
@@ -54,7 +55,6 @@ from ..routing.settlement import Settlement
 from ..routing.stream import BatchStream, StreamLimits, Traffic
 from ..routing_table import RoutingTable
 from ..services.allocation import ENDPOINTS, AllocationService
-from ..services.base import MnService
 from ..services.connectors import build_connectors
 from ..services.idm import IdmService
 from ..services.registry import domain_registry_address
@@ -258,6 +258,7 @@ class Core:
             hooks.foreign,
             hooks.send_on,
         )
+        self.local_origins = self._local_origins()
         self.lanes: Lanes | None = None
         if self._outboxes_factory is None:
             self.lanes = self._build_lanes()
@@ -295,6 +296,20 @@ class Core:
             built()
 
     # -- parts --------------------------------------------------------------------------------
+
+    def _local_origins(self) -> LocalOrigins:
+        """This domain's runtimes' sender marks, bounded per client and in total: delivery
+        tells of each origin's first mark."""
+        quotas = self.config.quotas
+        origins = LocalOrigins(
+            self._client_of_origin,
+            self._drop_local_origins,
+            quotas.marks_per_client,
+            quotas.marks_total,
+            self.metrics.bound_refused,
+        )
+        self.delivery.on_new_origin = origins.seen
+        return origins
 
     def stream_limits(self, min_interval: float = 0.0, one_event_below: int = 0) -> StreamLimits:
         r = self.config.routing
@@ -374,7 +389,7 @@ class Core:
                 cfg.quotas.addresses_total,
                 self.metrics.bound_refused,
             ),
-            self._client_of,
+            self.client_of,
         )
         self.table.on_allocations_removed = allocation.let_go
         for endpoint in ENDPOINTS:
@@ -384,18 +399,28 @@ class Core:
         services.set_connectors(registry, global_registry, IdmService(self._identity_of), unknown)
         return services
 
-    def _subscription_service(self) -> MnService:
-        cfg = self.config
-        return SubscriptionService(
+    def _subscription_service(self) -> SubscriptionService:
+        """The subscription manager, its subscriptions bounded per session, per client and in
+        total (what a start reads back is counted by ``restore``: state.py)."""
+        quotas = self.config.quotas
+        self.subscription_service = SubscriptionService(
             self.table,
             self.monitor,
             self.routes,
-            cfg.quotas.subscriptions,
+            quotas.subscriptions,
             self._quota_refused,
             self.hooks.subscription_changed,
             lambda r, address: self.policy.check_subscription(r.runtime_url, r.identity, address),
             self.allocation.claim,
+            Bound(
+                "subscriptions",
+                quotas.subscriptions_per_client,
+                quotas.subscriptions_total,
+                self.metrics.bound_refused,
+            ),
+            self.client_of,
         )
+        return self.subscription_service
 
     def _authenticator(self) -> Authenticator:
         auth = self.config.auth
@@ -431,8 +456,13 @@ class Core:
     def _quota_refused(self, quota: str) -> None:
         self.metrics.quota_refusals.labels(quota).inc()
 
-    def _client_of(self, session_id: int) -> str:
+    def client_of(self, session_id: int) -> str:
+        """The client of the session (its share of the per-client bounds; "" when gone)."""
         session = self.sessions.get(session_id)
+        return session.client if session is not None else ""
+
+    def _client_of_origin(self, origin: str) -> str:
+        session = self.sessions.by_origin(origin)
         return session.client if session is not None else ""
 
     def _waiting_bytes(self, session_id: int, sender: str) -> Waiting:
@@ -460,8 +490,27 @@ class Core:
         asyncio.get_running_loop().call_later(RETIRED_ORIGIN_SECONDS, self._forget_origin, origin)
 
     def _forget_origin(self, origin: str) -> None:
-        self.delivery.marks.pop(origin, None)
-        self.settlement.forget(origin)
+        self.local_origins.gone([origin])
+
+    def _drop_local_origins(self, origins: list[str]) -> None:
+        """Those sender ids' marks go, from memory and (at the next checkpoint) the database."""
+        for origin in origins:
+            self.delivery.marks.pop(origin, None)
+        self.settlement.let_go(origins)
+
+    def restore_local_origins(self, marks: dict[str, int]) -> None:
+        """The local origins whose marks the database kept, as of a start (once the sessions
+        are read back: each counts under its session's client). Marks of sessions that are gone
+        go once the lanes have replayed what they carry; with several processes, an origin
+        unknown here may be another process's, and stays."""
+        self.local_origins.restore(marks)
+        if self.config.cluster.enabled:
+            return
+        stale = [o for o in marks if is_local(o) and self.sessions.by_origin(o) is None]
+        if stale:
+            asyncio.get_running_loop().call_later(
+                RETIRED_ORIGIN_SECONDS, self.local_origins.gone, stale
+            )
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background; the stop waits for it."""

@@ -38,9 +38,12 @@ async def load_state(core: Core) -> None:
         loaded(epoch, marks)
     await core.rule_store.load()
     await core.sessions.load(epoch, await core.pending.stored())
+    core.restore_local_origins(marks)
     for step in core.hooks.sessions_loaded:
         await step()
     await load_routes(core, lambda _session_id: True)
+    # Read back: held already, so counted whatever the bounds.
+    core.subscription_service.restore()
     for address, domain, runtime in await core.remote_subscriptions.all():
         core.table.subscribe_domain(domain, runtime, [address])
 

@@ -24,7 +24,12 @@ rooms' power levels before they reach here).
 A peer's work never waits in this domain's line: ``bot`` here acts through a pool of homeserver
 connections of its own (core/core.py), a peer's event has one deadline for all its media waits
 (peer_feed.py), and a peer may have this node follow at most ``max_rooms`` rooms (an invitation
-beyond is refused and counted).
+beyond is refused and counted). A room counts while the peer's node is in it: when its bot
+leaves (or this node's bot is put out), this node leaves it too and the room no longer counts;
+a former peer's rooms are left at the next start. A room the peer's node stays in is never left
+for being quiet: its node invites once, and would write on into a room nobody here reads. So a
+peer that churns rooms and keeps them is refused beyond its bound; one that reuses a room, or
+leaves those it is done with, never is.
 """
 
 from __future__ import annotations
@@ -176,7 +181,8 @@ class PeerFeeds:
             try:
                 peer = await self._federation.peers.resolve(domain)
             except PeerRefused as refused:
-                log.warning("not following a former peer", peer=domain, reason=refused.reason)
+                log.warning("leaving a former peer's room", peer=domain, reason=refused.reason)
+                self._spawn(self._leave(room_id, domain))
                 continue
             if not self._take_room(peer, room_id):
                 continue
@@ -224,10 +230,15 @@ class PeerFeeds:
     # -- the homeserver's push ----------------------------------------------------------------
 
     async def on_member_events(self, _txn_id: str, events: list[dict[str, Any]]) -> None:
-        """A peer's node invites this one into its room for it: join and follow it."""
+        """A peer's node invites this one into its room for it: join and follow it. A peer's
+        node that leaves a room it wrote in for this one (or puts this node's bot out) gives
+        it back: this node leaves it too."""
         for event in events:
             content = event.get("content")
             membership = content.get("membership") if isinstance(content, dict) else None
+            if membership in ("leave", "ban"):
+                self._left(event)
+                continue
             if event.get("state_key") != self._bot.user_id or membership != "invite":
                 continue
             peer = self._federation.peers.by_bot(str(event.get("sender")))
@@ -241,6 +252,38 @@ class PeerFeeds:
                 self._spawn(self._refuse_room(room_id, peer))
                 continue
             self._spawn(self._join(room_id, peer))
+
+    def _left(self, event: dict[str, Any]) -> None:
+        """A membership ended in a room a peer's node writes in for this one: the peer's bot
+        left it, or this node's bot was put out (by the peer, whose room it is)."""
+        room_id, member = event.get("room_id"), event.get("state_key")
+        if not isinstance(room_id, str) or not isinstance(member, str):
+            return
+        peer = self._federation.peers.by_bot(member)
+        if peer is None and member == self._bot.user_id:
+            peer = self._federation.peers.by_bot(str(event.get("sender")))
+        if peer is None or room_id not in self._rooms_of.get(peer.domain, ()):
+            return
+        self._give_room(peer.domain, room_id)
+        self._spawn(self._leave(room_id, peer.domain))
+
+    def _give_room(self, domain: str, room_id: str) -> None:
+        """The room no longer counts towards the peer's bound, nor is it followed."""
+        rooms = self._rooms_of.get(domain)
+        if rooms is not None:
+            rooms.discard(room_id)
+        feed = self._feeds.pop(room_id, None)
+        if feed is not None:
+            self._spawn(feed.close())
+
+    async def _leave(self, room_id: str, domain: str) -> None:
+        """Leave a peer's room this node no longer follows, and forget it."""
+        try:
+            await self._rooms.left_from_peer(room_id)
+            await self._bot.leave_and_forget(room_id)
+            log.info("left a peer's room", peer=domain, room=room_id)
+        except Exception as exc:  # noqa: BLE001 - left at the next start, or when it leaves
+            log.info("leaving a peer's room failed", peer=domain, error=str(exc))
 
     async def _refuse_room(self, room_id: str, peer: Peer) -> None:
         """Decline an invitation beyond the peer's bound (once: a peer that invites again is

@@ -67,6 +67,9 @@ class Delivery:
         # Per origin, the highest message number routed so far (restored from the settled
         # marks at start, then kept up to date here).
         self.marks = marks
+        # Told of an origin's first mark (the node bounds how many it keeps per client:
+        # local_origins.py); may let other origins' marks go, never this one's.
+        self.on_new_origin: Callable[[str], None] = lambda _origin: None
         self._waiting_limit = waiting_limit
         # The peer domain of an address of another domain (None: this node routes inside its
         # domain): a message for one that has no destination here is not a lost one.
@@ -112,6 +115,8 @@ class Delivery:
             delivered.append(reached)
             # Marked once handed to its mailboxes: an event delivered again after a failure
             # here skips what was handed on before it, and no more.
+            if origin not in marks:
+                self.on_new_origin(origin)
             marks[origin] = routed.oseq
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq

@@ -149,6 +149,11 @@ class RoomDirectory:
             room_id, f"from:{domain}:{room_id}", FROM_PEER, self._api.bot.user_id, None
         )
 
+    async def left_from_peer(self, room_id: str) -> None:
+        """Forget a room a peer's node wrote into for this one (its node left it, or it is no
+        peer any more)."""
+        await self._store.forget(room_id, FROM_PEER)
+
     async def from_peer_rooms(self) -> list[tuple[str, str]]:
         """(room id, peer domain) of every room peers write into for this node."""
         return [

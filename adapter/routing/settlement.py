@@ -139,6 +139,11 @@ class Settlement:
             self._forget_after_write.discard(origin)
         self._rows_dropped.update(origins)
 
+    def let_go(self, origins: Collection[str]) -> None:
+        """Origins of this domain's runtimes let go for good (their senders gone, or beyond a
+        client's bound): as ``drop``, from every lane (any may carry them)."""
+        self.drop(origins, list(self._ledgers))
+
     def ledger(self, room_id: str) -> LaneLedger:
         ledger = self._ledgers.get(room_id)
         if ledger is None:

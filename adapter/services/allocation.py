@@ -28,7 +28,7 @@ from typing import Any
 
 from ..access import AccessMonitor, Principal, Refusal
 from ..addresses import RESERVED_SCHEMES, scheme_of
-from ..bounds import Bound
+from ..bounds import Bound, SessionShares
 from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
 from ..storage.clock import utcnow
@@ -62,11 +62,11 @@ class AllocationService:
         self._domain = domain
         # Addresses per client and in total (beside the per-session quota): taken before the
         # durable write, in one step with the check; given back as addresses go (``let_go``).
-        self._bound = bound if bound is not None else Bound("addresses", 1 << 62, 1 << 62)
-        self._client_of = client_of
-        # What each session took from the bound, and for which client: what is given back
-        # when its addresses go (addresses read back at a start took nothing).
-        self._taken: dict[int, tuple[str, int]] = {}
+        # What each session took, for which client: given back when its addresses go
+        # (addresses read back at a start took nothing).
+        self._shares = SessionShares(
+            bound if bound is not None else Bound("addresses", 1 << 62, 1 << 62), client_of
+        )
         # How long an address its runtime let go stays out of reach (as long as the registry
         # may still name it): nobody claims it in that time.
         self._released_kept = timedelta(seconds=released_kept_seconds)
@@ -130,25 +130,11 @@ class AllocationService:
             return None
 
     def _take(self, session_id: int, amount: int) -> Refusal | None:
-        client = self._client_of(session_id)
-        refused = self._bound.take(client, amount)
-        if refused is not None:
-            return Refusal(refused.code, refused.reason)
-        earlier = self._taken.get(session_id)
-        self._taken[session_id] = (client, amount + (earlier[1] if earlier else 0))
-        return None
+        refused = self._shares.take(session_id, amount)
+        return Refusal(refused.code, refused.reason) if refused is not None else None
 
     def _give_back(self, session_id: int, amount: int) -> None:
-        taken = self._taken.get(session_id)
-        if taken is None:
-            return
-        client, held = taken
-        amount = min(amount, held)
-        self._bound.give(client, amount)
-        if held > amount:
-            self._taken[session_id] = (client, held - amount)
-        else:
-            del self._taken[session_id]
+        self._shares.give(session_id, amount)
 
     def let_go(self, session_id: int, amount: int) -> None:
         """``amount`` of the session's addresses went (deleted, or its session ended)."""

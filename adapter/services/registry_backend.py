@@ -67,7 +67,8 @@ class RegistryBackend(Protocol):
     """A domain registry answering dev-registry-domain's REST resources. ``writer`` is the
     runtime a request comes from, when known (the MN's requester); None: the operator. With
     ``changes``, the status changes a write makes are left there, for ``publish`` once the
-    caller has answered."""
+    caller has answered; with ``created``, the URLs of the entries a write created (not
+    replaced)."""
 
     async def call(
         self,
@@ -75,9 +76,14 @@ class RegistryBackend(Protocol):
         *,
         writer: Writer | None = None,
         changes: list[StatusChange] | None = None,
+        created: list[str] | None = None,
     ) -> RestAnswer: ...
 
     async def publish(self, changes: Sequence[StatusChange]) -> None: ...
+
+    async def holds(self, call: RestCall, claim: str) -> bool:
+        """Whether the entry a registration ``call`` names is ``claim``'s already."""
+        ...
 
 
 class StatusNotifier:
@@ -138,14 +144,15 @@ class BuiltinRegistryBackend:
         *,
         writer: Writer | None = None,
         changes: list[StatusChange] | None = None,
+        created: list[str] | None = None,
     ) -> RestAnswer:
         """Never raises: bad requests are 400, unknown resources 404, writes to what another
         runtime registered 403, storage failures 503. The status changes a write makes are
         published at once, or with ``changes`` left there for the caller to publish once it
-        has answered."""
+        has answered. ``created``: the URLs of the entries the call created (not replaced)."""
         publish = self._notifier.publish if changes is None else _collect(changes)
         try:
-            return await self._route(call, writer, publish)
+            return await self._route(call, writer, publish, created)
         except _Answer as early:
             return _message(early.status, early.message)
         except InvalidRecord as bad:
@@ -160,11 +167,28 @@ class BuiltinRegistryBackend:
     async def publish(self, changes: Sequence[StatusChange]) -> None:
         await self._notifier.publish(changes)
 
+    async def holds(self, call: RestCall, claim: str) -> bool:
+        match call.segments:
+            case ("hyperty", "user", _, url):
+                kind = EntryKind.HYPERTY
+            case ("hyperty", "dataobject", url):
+                kind = EntryKind.DATA_OBJECT
+            case _:
+                return False
+        found = await self._store.find(kind, "url", url)
+        return bool(found) and found[0].owner == claim
+
     async def claim_in_use(self, claim: str) -> bool:
         """Whether entries owned by ``claim`` are still answered (or about to be)."""
         return await self._store.owned_by(claim)
 
-    async def _route(self, call: RestCall, writer: Writer | None, publish: Publish) -> RestAnswer:
+    async def _route(
+        self,
+        call: RestCall,
+        writer: Writer | None,
+        publish: Publish,
+        created: list[str] | None = None,
+    ) -> RestAnswer:
         """``writer``: the runtime writes are checked against; None, the operator's."""
         query = dict(call.query)
         requester = writer.claim if writer is not None else None
@@ -176,7 +200,9 @@ class BuiltinRegistryBackend:
             case "GET", ("hyperty", "url", url):
                 return await self._hyperty(url)
             case "PUT", ("hyperty", "user", user, url):
-                return await self._register_hyperty(user, url, _body(call), writer, publish)
+                return await self._register_hyperty(
+                    user, url, _body(call), writer, publish, created
+                )
             case "PUT", ("hyperty", "url", url):
                 return await self._refresh(
                     EntryKind.HYPERTY, url, _body(call), "Hyperty updated", requester, publish
@@ -187,7 +213,7 @@ class BuiltinRegistryBackend:
                 )
                 return await self._written(written, url, "Hyperty deleted", publish)
             case "PUT", ("hyperty", "dataobject", url):
-                return await self._register_object(url, _body(call), writer, publish)
+                return await self._register_object(url, _body(call), writer, publish, created)
             case "PUT", ("dataobject", "url", url):
                 return await self._refresh(
                     EntryKind.DATA_OBJECT,
@@ -239,6 +265,7 @@ class BuiltinRegistryBackend:
         body: Any,
         writer: Writer | None,
         publish: Publish,
+        created: list[str] | None = None,
     ) -> RestAnswer:
         values = creation(EntryKind.HYPERTY, body, self._lifetimes, _runtime(writer))
         url = valid_key("the hyperty URL", url)
@@ -253,6 +280,8 @@ class BuiltinRegistryBackend:
             email=user_email(user),
             user_verified=verified,
         )
+        if outcome is Registered.CREATED and created is not None:
+            created.append(url)
         await publish(changes)
         if outcome is Registered.FOREIGN:
             raise _Answer(403, _foreign(url))
@@ -285,7 +314,12 @@ class BuiltinRegistryBackend:
         return _answer(200, {entry.url: data_object_json(entry) for entry in found})
 
     async def _register_object(
-        self, url: str, body: Any, writer: Writer | None, publish: Publish
+        self,
+        url: str,
+        body: Any,
+        writer: Writer | None,
+        publish: Publish,
+        created: list[str] | None = None,
     ) -> RestAnswer:
         values = creation(EntryKind.DATA_OBJECT, body, self._lifetimes, _runtime(writer))
         url = valid_key("the data object URL", url)
@@ -295,6 +329,8 @@ class BuiltinRegistryBackend:
             values,
             requester=writer.claim if writer is not None else None,
         )
+        if outcome is Registered.CREATED and created is not None:
+            created.append(url)
         await publish(changes)
         if outcome is Registered.FOREIGN:
             raise _Answer(403, _foreign(url))

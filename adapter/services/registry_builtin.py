@@ -33,6 +33,7 @@ from .registry_backend import (
     Writer,
 )
 from .registry_domain import BadRegistryRequest, domain_call, domain_reply
+from .registry_entries import RegistryEntries
 from .registry_fields import Lifetimes
 from .registry_http import RestCall
 from .registry_lifecycle import RegistryExpiry, RegistryPresence
@@ -52,7 +53,12 @@ class BuiltinDomainRegistry:
         backend: RegistryBackend,
         monitor: AccessMonitor | None = None,
         claim: Callable[[Requester, str], Awaitable[Refusal | None]] = no_claims,
+        entries: RegistryEntries | None = None,
+        client_of: Callable[[int], str] = lambda _session: "",
     ) -> None:
+        # Entries per client and in total: a creation takes a place first (registry_entries).
+        self._entries = entries
+        self._client_of = client_of
         self._backend = backend
         self._monitor = monitor
         # Allocates a self-made address a runtime registers (access.py, "Claim").
@@ -74,7 +80,22 @@ class BuiltinDomainRegistry:
             # Only a runtime's credential owns entries (a peer domain's runtime reads only).
             return ServiceReply(403, desc="only a runtime of this domain writes to its registry")
         writer = Writer(requester.runtime_url, requester.claim or "", requester.identity)
-        answer = await self._backend.call(call, writer=writer, changes=changes)
+        entries = self._entries if _creates(call) and requester.claim else None
+        if entries is not None:
+            client = self._client_of(requester.session_id)
+            if entries.refusal(writer.claim, client) is not None and await self._backend.holds(
+                call, writer.claim
+            ):
+                # Its own entry registered again (a reloaded runtime): nothing more is held.
+                entries = None
+            elif (bounded := entries.take(writer.claim, client)) is not None:
+                return ServiceReply(bounded.code, desc=bounded.reason)
+        created: list[str] = []
+        try:
+            answer = await self._backend.call(call, writer=writer, changes=changes, created=created)
+        finally:
+            if entries is not None and not created:
+                entries.give(writer.claim)
         reply = domain_reply(call, answer)
         if not changes:
             return reply
@@ -115,6 +136,14 @@ class BuiltinDomainRegistry:
         return Refusal(403, f"{reporter!r} is not a hyperty of this runtime's")
 
 
+def _creates(call: RestCall) -> bool:
+    """Whether ``call`` registers an entry (a hyperty or a data object), new or again."""
+    return call.method == "PUT" and call.segments[:2] in (
+        ("hyperty", "user"),
+        ("hyperty", "dataobject"),
+    )
+
+
 def _fields(call: RestCall) -> dict[str, Any]:
     try:
         body = orjson.loads(call.body or b"null")
@@ -152,6 +181,8 @@ def build_builtin_registry(
     claim: Callable[[Requester, str], Awaitable[Refusal | None]] = no_claims,
     clock: Callable[[], datetime] = utcnow,
     rest_prefix: str = REST_PREFIX,
+    entries: RegistryEntries | None = None,
+    client_of: Callable[[int], str] = lambda _session: "",
 ) -> BuiltinRegistry | None:
     """The built-in registry, or None when an external one is configured (or it is disabled)."""
     if not config.uses_builtin:
@@ -168,9 +199,9 @@ def build_builtin_registry(
             backend, writable=settings.rest_api == "read-write", prefix=rest_prefix
         )
     return BuiltinRegistry(
-        service=BuiltinDomainRegistry(backend, monitor, claim),
+        service=BuiltinDomainRegistry(backend, monitor, claim, entries, client_of),
         backend=backend,
         presence=RegistryPresence(store, notifier, settings.presence_delay_seconds),
-        expiry=RegistryExpiry(store, notifier, settings.sweep_interval_seconds),
+        expiry=RegistryExpiry(store, notifier, settings.sweep_interval_seconds, entries),
         rest_api=rest_api,
     )

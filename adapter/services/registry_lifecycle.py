@@ -16,6 +16,7 @@ import structlog
 
 from ..storage.registry_store import RegistryStore, StatusChange
 from .registry_backend import StatusNotifier
+from .registry_entries import RegistryEntries
 
 log = structlog.get_logger(__name__)
 
@@ -86,12 +87,18 @@ class RegistryExpiry:
     those disconnected for longer than the grace period are removed."""
 
     def __init__(
-        self, store: RegistryStore, notifier: StatusNotifier, interval_seconds: float
+        self,
+        store: RegistryStore,
+        notifier: StatusNotifier,
+        interval_seconds: float,
+        entries: RegistryEntries | None = None,
     ) -> None:
         self._store = store
         self._notifier = notifier
         self._interval = interval_seconds
         self._task: asyncio.Task[None] | None = None
+        # The entries each client holds, read back after every round (registry_entries.py).
+        self._entries = entries
 
     def start(self) -> None:
         if self._task is None:
@@ -107,12 +114,21 @@ class RegistryExpiry:
     async def sweep_once(self) -> tuple[int, int]:
         """One round; returns (entries disconnected, entries removed)."""
         changes, removed = await self._store.sweep()
+        await self.recount()
         await self._notifier.publish(changes)
         if changes or removed:
             log.info("registry_expiry", disconnected=len(changes), removed=removed)
         return len(changes), removed
 
+    async def recount(self) -> None:
+        if self._entries is not None:
+            self._entries.recount(await self._store.owners())
+
     async def _run(self) -> None:
+        try:
+            await self.recount()  # what the database holds from before this start
+        except Exception:  # the first sweep tries again
+            log.exception("registry_recount_failed")
         while True:
             await asyncio.sleep(self._interval)
             try:

@@ -10,7 +10,9 @@ Three body forms occur and all are accepted:
 The subscriber is the requester. `body.source` may name one of the requester's own addresses
 (a hyperty subscribing through its runtime); naming an address of another runtime is refused
 (403): nobody subscribes or unsubscribes for someone else. Addresses match exactly. A session
-holds at most its quota of subscriptions (429 beyond).
+holds at most its quota of subscriptions (429 beyond); one client, over all its sessions, and
+the node in total hold at most their bounds (429 / 503 beyond, taken before the durable write in
+one step with the check, given back as subscriptions end).
 
 Who may subscribe to what is the reference monitor's rule (access.py, "Subscribe to"): data-object
 streams, registration status, the runtime's own addresses (and its objects' request channels
@@ -27,6 +29,7 @@ from typing import Any
 
 from ..access import AccessMonitor, Claim, Refusal, no_claims
 from ..addresses import spelling_problem
+from ..bounds import Bound, SessionShares
 from ..envelope import MAX_ADDRESS_BYTES, Message
 from ..routing_table import RoutingTable
 from ..storage.routes import RouteStore
@@ -46,7 +49,15 @@ class SubscriptionService:
         on_change: Callable[[str, list[str], str], Awaitable[str | None]] | None = None,
         policy: Callable[[Requester, str], str | None] | None = None,
         claim: Callable[[Requester, str], Awaitable[Refusal | None]] = no_claims,
+        bound: Bound | None = None,
+        client_of: Callable[[int], str] = lambda _session: "",
     ) -> None:
+        # Subscriptions per client and in total; what a session took goes back as its
+        # subscriptions end (the table tells, also when the session is released).
+        self.shares = SessionShares(
+            bound if bound is not None else Bound("subscriptions", 1 << 62, 1 << 62), client_of
+        )
+        table.on_subscriptions_removed = self.shares.give
         self._table = table
         self._monitor = monitor
         # Allocates a self-made address a runtime subscribes to (access.py, "Claim").
@@ -90,8 +101,22 @@ class SubscriptionService:
                     429,
                     desc=f"a runtime may hold at most {self._quota} subscriptions ({held} held)",
                 )
-            await self._store.subscribe(subscriber, addresses)
-            self._table.subscribe(subscriber, addresses)
+            fresh = sum(
+                1
+                for address in addresses
+                if subscriber not in (self._table.subscribers(address) or ())
+            )
+            bounded = self.shares.take(subscriber, fresh)
+            if bounded is not None:
+                return ServiceReply(bounded.code, desc=bounded.reason)
+            try:
+                await self._store.subscribe(subscriber, addresses)
+            except BaseException:
+                self.shares.give(subscriber, fresh)
+                raise
+            # A request of the same session that ran meanwhile may have added some of them:
+            # what was taken for those goes back.
+            self.shares.give(subscriber, fresh - self._table.subscribe(subscriber, addresses))
         else:
             await self._store.unsubscribe(subscriber, addresses)
             self._table.unsubscribe(subscriber, addresses)
@@ -102,6 +127,11 @@ class SubscriptionService:
                 self._table.unsubscribe(subscriber, addresses)
                 return ServiceReply(403, desc=changed)
         return ServiceReply(200, affected=len(addresses))
+
+    def restore(self) -> None:
+        """Count the subscriptions read back at a start under their sessions' clients."""
+        for session_id in self._table.sessions():
+            self.shares.force(session_id, self._table.holdings(session_id).subscriptions)
 
     async def _refusal(self, requester: Requester, addresses: list[str]) -> Refusal | None:
         """Why the requester may not subscribe to one of ``addresses``, with its code (403;

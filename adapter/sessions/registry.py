@@ -81,10 +81,11 @@ class SessionRows(Protocol):
         identity: str | None,
         claim: str,
         kept: ClaimRow | None = None,
+        client: str = "",
     ) -> int: ...
 
     async def set_state(
-        self, session_id: int, state: SessionState, protect: bool = False
+        self, session_id: int, state: SessionState, protect: bool = False, used: bool = True
     ) -> None: ...
 
     async def claim_of(self, runtime_url: str) -> ClaimRow | None: ...
@@ -229,14 +230,12 @@ class SessionRegistry:
         for row in await self._rows.all():
             self._add(self._from_row(row, epoch, stored, now))
         for session in sorted(self._by_id.values(), key=lambda s: s.detached_at or 0.0):
-            # Whether a session was used is not stored: one that lived through a restart counts
-            # as used, so the sessions made since (a flood among them) go first, and among
-            # these the newest (a flood made before the restart before an older honest one).
-            session.used = True
+            # Whether it was used is stored with it: a flood of sessions never used, made
+            # before the restart, still goes before an honest runtime's.
             self._detached[session.id] = session
             self._eviction.push(session)
-            # Read back: held already, so counted whatever the bounds (towards the total).
-            self._bound.force("")
+            # Read back: held already, so counted whatever the bounds, under its client.
+            self._bound.force(session.client)
 
     def _from_row(
         self, row: Any, epoch: int, stored: dict[int, tuple[int, int]], now: Any
@@ -251,6 +250,11 @@ class SessionRegistry:
             claim=row.claim or row.key,
         )
         session.protected = row.protected
+        # Who its client is and whether it was used, as stored (a row from before these were
+        # kept: nobody's, used).
+        session.client = row.client
+        session.used = row.used
+        session.mailbox.join(self.tally, row.client)
         if row.identity is not None:
             session.identity = Identity.from_record(row.identity)
         last_seen = row.last_seen if row.last_seen.tzinfo else row.last_seen.replace(tzinfo=UTC)
@@ -271,7 +275,7 @@ class SessionRegistry:
                 continue
             session = self._from_row(row, epoch, stored, now)
             self._add(session)
-            self._bound.force("")
+            self._bound.force(session.client)
             self._detached[session.id] = session
             self._eviction.push(session)
             added.append(session.id)
@@ -465,7 +469,7 @@ class SessionRegistry:
                 self._take_place(client, identity)
                 try:
                     session_id = await self._rows.create(
-                        runtime_url, user_id, key, protect, record, claim, kept
+                        runtime_url, user_id, key, protect, record, claim, kept, client
                     )
                 except BaseException:
                     self._bound.give(client)
@@ -488,7 +492,9 @@ class SessionRegistry:
                     session.identity = identity
                 if protect and not session.protected:
                     # Stored before the token is handed out: a restart must not unprotect it.
-                    await self._rows.set_state(session.id, SessionState.CONNECTED, True)
+                    await self._rows.set_state(
+                        session.id, SessionState.CONNECTED, protect=True, used=True
+                    )
                     session.protected = True
                 else:
                     self._note_state(session.id, SessionState.CONNECTED)
@@ -666,6 +672,16 @@ class SessionRegistry:
         Lifecycle._tell(self._lifecycle.detached, session)
         self._note_state(session.id, SessionState.DETACHED)
 
+    def mark_used(self, session: Session) -> None:
+        """The runtime used its session (sent a frame): stored, so that after a restart
+        eviction still tells it from a flood of sessions never used."""
+        if not session.used:
+            session.used = True
+            self._note_state(
+                session.id,
+                SessionState.CONNECTED if session.attachment is not None else SessionState.DETACHED,
+            )
+
     def _note_state(self, session_id: int, state: SessionState) -> None:
         """The session's state and last sighting, written behind the connection's back: a
         reconnect waits for no database round trip (the states only tell the next start how
@@ -679,8 +695,10 @@ class SessionRegistry:
             while self._states:
                 states, self._states = self._states, {}
                 for session_id, state in states.items():
+                    session = self._by_id.get(session_id)
+                    used = session.used if session is not None else True
                     try:
-                        await self._rows.set_state(session_id, state)
+                        await self._rows.set_state(session_id, state, used=used)
                     except Exception as exc:  # noqa: BLE001 - kept for the next round
                         log.warning("session state not written; retrying", error=repr(exc))
                         self._states.setdefault(session_id, state)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -85,6 +86,12 @@ class RuntimeSession(Base):
     # owned by. A new session of the same runtimeURL keeps it only by proving the credential
     # of the session before (its token, or the same verified identity).
     claim: Mapped[str] = mapped_column(String(32), server_default="")
+    # Who the session's client is (adapter/clients.py): a start counts a session read back
+    # under its client's bounds again, not as nobody's.
+    client: Mapped[str] = mapped_column(Text, server_default="")
+    # Whether the runtime ever used the session (sent a frame, came back to it): eviction
+    # takes the never used first. Sessions stored before this was kept count as used.
+    used: Mapped[bool] = mapped_column(Boolean, server_default=true())
 
 
 class RuntimeClaim(Base):

@@ -442,6 +442,14 @@ class RegistryStore:
 
         return await self._db.run(op)
 
+    async def owners(self) -> dict[str, int]:
+        """How many entries each owner holds, answered or not yet removed (what the bounds on
+        a client's entries count)."""
+        query = select(_T.owner, func.count()).group_by(_T.owner)
+        return await self._db.run(
+            lambda conn: {str(owner): int(n) for owner, n in conn.execute(query) if owner}
+        )
+
     # -- expiry -------------------------------------------------------------------------------
 
     async def sweep(self) -> tuple[list[StatusChange], int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, delete, select
 
 from .clock import utcnow
 from .database import Database, upsert
@@ -56,3 +56,8 @@ class RoomStore:
             return [(str(a), str(b), str(c), str(d)) for a, b, c, d in rows]
 
         return await self._db.run(op)
+
+    async def forget(self, room_id: str, purpose: str) -> None:
+        """The node no longer uses ``room_id`` for ``purpose`` (a peer's room it left)."""
+        statement = delete(_R).where(_R.room_id == room_id, _R.purpose == purpose)
+        await self._db.run(lambda conn: conn.execute(statement))

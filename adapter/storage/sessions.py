@@ -40,6 +40,8 @@ _ROW_COLUMNS = (
     _S.protected,
     _S.identity,
     _S.claim,
+    _S.client,
+    _S.used,
 )
 
 
@@ -54,6 +56,8 @@ class SessionRow:
     protected: bool
     identity: str | None
     claim: str
+    client: str = ""
+    used: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,8 @@ class SessionStore:
             "last_seen",
             "holder",
             "claim",
+            "client",
+            "used",
         )
         created = [mapped[c] for c in keys]
         # Nothing is returned when another process created the runtime's session first.
@@ -108,8 +114,10 @@ class SessionStore:
             db,
             update(_S)
             .where(_S.id == bindparam("session_id"))
-            .values(state=bindparam("state"), last_seen=bindparam("last_seen")),
-            [mapped["state"], mapped["last_seen"]],
+            .values(
+                state=bindparam("state"), last_seen=bindparam("last_seen"), used=bindparam("used")
+            ),
+            [mapped["state"], mapped["last_seen"], mapped["used"]],
         )
         self._delete = Prepared(db, delete(_S).where(_S.id == bindparam("session_id")), [])
         self._claim_of = Prepared(
@@ -123,8 +131,13 @@ class SessionStore:
             db,
             update(_S)
             .where(_S.id == bindparam("session_id"))
-            .values(state=bindparam("state"), last_seen=bindparam("last_seen"), protected=true()),
-            [mapped["state"], mapped["last_seen"]],
+            .values(
+                state=bindparam("state"),
+                last_seen=bindparam("last_seen"),
+                used=bindparam("used"),
+                protected=true(),
+            ),
+            [mapped["state"], mapped["last_seen"], mapped["used"]],
         )
 
     async def has_user(self, user_id: str) -> bool:
@@ -142,6 +155,7 @@ class SessionStore:
         identity: str | None,
         claim: str | None = None,
         kept: ClaimRow | None = None,
+        client: str = "",
     ) -> int:
         """A new session of ``runtime_url`` under ``claim`` (default: a claim of its own, its
         key). ``kept``: the claim the runtimeURL was kept for, which the new session takes up
@@ -158,6 +172,8 @@ class SessionStore:
             "last_seen": now,
             "holder": self._holder,
             "claim": claim or key,
+            "client": client,
+            "used": False,
         }
         created = await self._db.execute_small(self._create, row)
         if not created:
@@ -231,9 +247,12 @@ class SessionStore:
     def _held_here(self) -> ColumnElement[bool]:
         return _S.holder.is_(None) if self._holder is None else _S.holder == self._holder
 
-    async def set_state(self, session_id: int, state: SessionState, protect: bool = False) -> None:
-        """``protect``: the session is being handed a token (it stays protected)."""
-        row = {"session_id": session_id, "state": state, "last_seen": utcnow()}
+    async def set_state(
+        self, session_id: int, state: SessionState, protect: bool = False, used: bool = True
+    ) -> None:
+        """``protect``: the session is being handed a token (it stays protected). ``used``:
+        whether its runtime used it yet."""
+        row = {"session_id": session_id, "state": state, "last_seen": utcnow(), "used": used}
         statement = self._set_state_protected if protect else self._set_state
         await self._db.execute_small(statement, row)
 

@@ -270,7 +270,7 @@ class StubEndpoint:
                     while not await self._journal.room(1.0) and not self.closing:
                         pass
                     if attachment is not None:
-                        attachment.session.used = True
+                        self._sessions.mark_used(attachment.session)
                     self._deciding += 1
                     self._decided.clear()
                     try:

@@ -13,6 +13,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from adapter.core import core as core_module
+from adapter.storage.checkpoints import CheckpointStore
+from adapter.storage.database import Database
+
 from ..conftest import Databases, NodeFactory
 from ..support.runtime import PyRuntime, stub_url
 
@@ -49,6 +53,77 @@ async def _ping(sender: PyRuntime, receiver: PyRuntime, a: str, b: str, tag: str
     await sender.send({"id": tag, "type": "ping", "from": a, "to": b, "body": {"tag": tag}})
     got = await receiver.receive(10)
     assert got["body"]["tag"] == tag, got
+
+
+def _from_host(runtime: PyRuntime, address: str) -> PyRuntime:
+    """The runtime connects from ``address`` (another loopback address: another host to the
+    node, with no proxy and no setting involved)."""
+    runtime.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0)))
+    return runtime
+
+
+async def test_one_host_cannot_pin_addresses_beyond_its_share_with_the_defaults(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Row 3 as it happened, with the default configuration: one host opens sessions and
+    allocates in each up to the per-session quota. Every limit was per session, so the next
+    session of the same host got as many again; now the host holds at most its share
+    (quotas.addresses_per_client, 100,000), refused 429 beyond, while another host allocates
+    and routes as before."""
+    node = await start_node(await databases.migrated_sqlite())
+    flood = [_from_host(_runtime(node, f"pin-{i}"), "127.0.0.2") for i in range(2)]
+    alice, bob = _runtime(node, "alice"), _runtime(node, "bob")
+    try:
+        for runtime in flood:
+            await runtime.connect()
+        assert [_answered(r) for r in flood] == [200, 200]
+        for _ in range(100):  # the whole per-session quota, in the largest blocks
+            await flood[0].allocate(D, number=1000)
+        answer = await flood[1].request(
+            ALLOCATION, "create", {"scheme": "hyperty", "value": {"number": 1000}}
+        )
+        assert answer["body"]["code"] == 429, answer
+        await alice.connect()
+        await bob.connect()
+        [a] = await alice.allocate(D, number=1)
+        [b] = await bob.allocate(D, number=1)
+        await _ping(alice, bob, a, b, "honest")
+        refused = _metric(
+            node, "rethink_mn_bound_refusals_total", resource="addresses", scope="client"
+        )
+        assert refused == 1
+    finally:
+        for runtime in (*flood, alice, bob):
+            await runtime.close()
+
+
+async def test_idle_handshakes_are_closed_and_leave_room_for_an_honest_runtime(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Row 4 as it happened, with the default handshake deadline and the node-wide socket
+    bound that existed before (stub.max_connections): sockets that never send
+    {cmd:'connect'} were kept for ever, so once they filled the node every honest runtime got
+    503. Now each is closed (1008) within stub.handshake_seconds (10 s), and the honest
+    runtime connects."""
+    node = await start_node(await databases.migrated_sqlite(), **{"stub.max_connections": 3})
+    http = aiohttp.ClientSession()
+    honest = _runtime(node, "honest")
+    try:
+        idle = [await http.ws_connect(stub_url(node), heartbeat=None) for _ in range(3)]
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(stub_url(node))
+        # Full: the node (503), or the host, whose share is cut to the node's whole (429).
+        assert refused.value.status in (429, 503)
+        for ws in idle:
+            closed = await ws.receive(timeout=30)
+            assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), closed
+            assert ws.close_code == 1008, ws.close_code
+        await honest.connect()
+        assert _answered(honest) == 200
+        assert _metric(node, "rethink_mn_stub_handshake_timeouts_total") == 3
+    finally:
+        await honest.close()
+        await http.close()
 
 
 async def test_sessions_and_addresses_are_bounded_per_client(
@@ -290,3 +365,131 @@ async def test_every_frame_a_runtime_sends_counts_against_its_rate(
             await _until(lambda before=before: _metric(node, paced) - before >= 1.0)
     finally:
         await runtime.close()
+
+
+async def test_the_marks_of_a_sender_that_is_gone_leave_the_database_also_at_a_restart(
+    start_node: NodeFactory, databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41, dedupe marks: a runtime's mark ("already routed") is kept in memory and in
+    sender_marks. Once its session is released the mark goes, from memory and the table; one
+    whose session went while the node was down goes after the next start. Before, the rows
+    stayed until they aged out (two session lifetimes), and a start read them all back."""
+    monkeypatch.setattr(core_module, "RETIRED_ORIGIN_SECONDS", 0.5)
+    url = await databases.migrated_sqlite()
+    node = await start_node(url)
+    bob = _runtime(node, "bob")
+    senders = [_runtime(node, name) for name in ("left-running", "left-stopped", "stays")]
+    try:
+        await bob.connect()
+        [b] = await bob.allocate(D)
+        for sender in senders:
+            await sender.connect()
+            [s] = await sender.allocate(D)
+            await _ping(sender, bob, s, b, sender.runtime_url)
+        origins = {}
+        for sender in senders:
+            session = node.sessions.by_runtime(sender.runtime_url)
+            assert session is not None and session.upstream is not None
+            origins[sender.runtime_url] = session.upstream.origin
+
+        async def stored() -> set[str]:
+            return set(await node.core.checkpoints.marks())
+
+        await _until_async(lambda: _all_in(stored, origins.values()))
+        # Released while the node runs: its mark leaves the table.
+        await senders[0].disconnect()
+        await _until_async(lambda: _none_in(stored, [origins[senders[0].runtime_url]]))
+        # Released just before the node stops: the row is still there at the stop.
+        monkeypatch.setattr(core_module, "RETIRED_ORIGIN_SECONDS", 3600.0)
+        await senders[1].disconnect()
+        await node.stop()
+        db = Database(url)
+        try:
+            assert origins[senders[1].runtime_url] in await CheckpointStore(db).marks()
+        finally:
+            await db.dispose()
+
+        monkeypatch.setattr(core_module, "RETIRED_ORIGIN_SECONDS", 0.5)
+        node = await start_node(url)
+        await _until_async(lambda: _none_in(stored, [origins[senders[1].runtime_url]]))
+        assert origins[senders[2].runtime_url] in await stored()
+        assert origins[senders[2].runtime_url] in node.delivery.marks
+    finally:
+        for runtime in (bob, *senders):
+            await runtime.close()
+
+
+async def _until_async(check: Any, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.1)
+
+
+async def _all_in(found: Any, wanted: Any) -> bool:
+    return set(wanted) <= await found()
+
+
+async def _none_in(found: Any, unwanted: Any) -> bool:
+    return not set(unwanted) & await found()
+
+
+async def test_subscriptions_and_registry_entries_are_bounded_per_client(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Issue 41, every resource bounded per client: one host's runtimes, over all their
+    sessions, hold at most their share of subscriptions and of registry entries (429,
+    counted); what one lets go another may take; another host is not held to that share."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{"quotas.subscriptions_per_client": 3, "registry.builtin.entries_per_client": 2},
+    )
+    flood = [_from_host(_runtime(node, f"many-{i}"), "127.0.0.2") for i in range(2)]
+    honest = _runtime(node, "honest")
+    registry = f"domain://registry.{D}/"
+
+    def streams(*names: str) -> dict[str, Any]:
+        return {"resources": [f"comm://{D}/{name}/changes" for name in names]}
+
+    async def register(runtime: PyRuntime, url: str) -> int:
+        value = {
+            "url": url,
+            "user": f"user://{D}/{runtime.runtime_url.rsplit('/', 1)[-1]}",
+            "descriptor": "hyperty-catalogue://c/h",
+            "resources": ["chat"],
+            "dataSchemes": ["comm"],
+            "runtime": runtime.runtime_url,
+            "status": "live",
+        }
+        answer = await runtime.request(registry, "create", {"value": value})
+        return int(answer["body"]["code"])
+
+    try:
+        for runtime in (*flood, honest):
+            await runtime.connect()
+        answers = [
+            await flood[0].request(SM, "subscribe", streams("a", "b")),
+            await flood[1].request(SM, "subscribe", streams("c", "d")),
+        ]
+        assert [a["body"]["code"] for a in answers] == [200, 429], answers
+        answer = await flood[0].request(SM, "unsubscribe", streams("a"))
+        assert answer["body"]["code"] == 200, answer
+        answer = await flood[1].request(SM, "subscribe", streams("c", "d"))
+        assert answer["body"]["code"] == 200, answer
+        answer = await honest.request(SM, "subscribe", streams("a", "b", "c"))
+        assert answer["body"]["code"] == 200, answer
+
+        hyperties = [await r.allocate(D, number=2) for r in flood]
+        [mine] = await honest.allocate(D)
+        assert await register(flood[0], hyperties[0][0]) == 200
+        assert await register(flood[1], hyperties[1][0]) == 200
+        assert await register(flood[1], hyperties[1][1]) == 429
+        assert await register(flood[0], hyperties[0][0]) == 200  # its own again
+        assert await register(honest, mine) == 200
+        for resource in ("subscriptions", "registry_entries"):
+            refused = _metric(
+                node, "rethink_mn_bound_refusals_total", resource=resource, scope="client"
+            )
+            assert refused == 1, resource
+    finally:
+        for runtime in (*flood, honest):
+            await runtime.close()

@@ -79,6 +79,42 @@ def test_the_built_in_registry_attaches_as_a_feature(tmp_path: Path) -> None:
     asyncio.run(build())
 
 
+def test_the_bounds_of_issue_41_are_built_from_the_configuration(tmp_path: Path) -> None:
+    """Subscriptions and local dedupe marks are the core's (delivery tells of each new
+    origin); the built-in registry's entries are its feature's, counted by its service and
+    read back by its sweep."""
+
+    async def build() -> None:
+        node = Node(
+            _config(
+                tmp_path,
+                quotas={
+                    "subscriptions_per_client": 7,
+                    "subscriptions_total": 70,
+                    "marks_per_client": 8,
+                    "marks_total": 80,
+                },
+                registry={"builtin": {"entries_per_client": 9, "entries_total": 90}},
+            )
+        )
+        core = node.core
+        try:
+            subscriptions = core.subscription_service.shares.bound
+            assert (subscriptions.per_client, subscriptions.total) == (7, 70)
+            marks = core.local_origins
+            assert (marks.per_client, marks.total) == (8, 80)
+            assert core.delivery.on_new_origin == marks.seen
+            feature = node.builtin_registry
+            assert feature is not None and feature.registry is not None
+            entries = feature.registry.service._entries
+            assert entries is not None and feature.registry.expiry._entries is entries
+            assert (entries.bound.per_client, entries.bound.total) == (9, 90)
+        finally:
+            await _close(core)
+
+    asyncio.run(build())
+
+
 def test_federation_attaches_the_way_abroad_and_its_consumers(tmp_path: Path) -> None:
     async def build() -> None:
         node = Node(_config(tmp_path, federation={"peers": {B: {"server_name": "hs.b.example"}}}))

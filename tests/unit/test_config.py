@@ -149,3 +149,18 @@ def test_a_domain_on_several_processes_federates_through_one_named_process() -> 
     assert "federation_process" in error_of(
         {**cluster, "cluster": {**named, "federation_process": "P 1"}}
     )
+
+
+def test_lowering_only_a_node_wide_bound_still_starts() -> None:
+    """A configuration written before the per-client bounds (e.g. `stub.max_connections:
+    1000`, below the per-client default of 2,000) starts: a share left at its default is cut
+    to its whole; one set above its whole is an error."""
+    from adapter.config import QuotaConfig, StubConfig
+
+    stub = StubConfig(max_connections=3, max_sessions=5)
+    assert (stub.max_connections_per_client, stub.max_sessions_per_client) == (3, 5)
+    quotas = QuotaConfig(addresses_total=10, subscriptions_total=20, marks_total=30)
+    assert quotas.addresses_per_client == 10
+    assert (quotas.subscriptions_per_client, quotas.marks_per_client) == (20, 30)
+    with pytest.raises(ValueError, match="must not exceed"):
+        StubConfig(max_connections=3, max_connections_per_client=4)

@@ -186,6 +186,9 @@ class _Rooms:
     async def writes_in(self, _room_id: str) -> bool:
         return False
 
+    async def left_from_peer(self, room_id: str) -> None:
+        self.joined.remove(room_id)
+
 
 class _Federation:
     flow_control = False
@@ -249,6 +252,62 @@ async def test_a_peer_opens_no_more_rooms_here_than_its_bound() -> None:
         # A room's event found in the push (not joined through an invitation) counts too.
         stray = {"room_id": "!stray:hs.b.example", "sender": peer.bot, "content": {"n": 1}}
         assert not await peer_feeds._adopt("!stray:hs.b.example", stray)
+    finally:
+        await peer_feeds.close()
+
+
+def _member(peer: Peer, room: str, member: str, membership: str) -> dict[str, Any]:
+    return {
+        "type": "m.room.member",
+        "room_id": room,
+        "sender": peer.bot,
+        "state_key": member,
+        "content": {"membership": membership},
+    }
+
+
+async def test_a_room_the_peer_leaves_no_longer_counts_and_is_left() -> None:
+    """Rooms a peer opened were never given back: a peer done with three rooms (max_rooms 3)
+    was refused a fourth for good. Now a room counts while the peer's node is in it: when it
+    leaves, or puts this node's bot out, this node leaves too and the room is free."""
+    peer = Peer(B, "hs.b.example", "@_rethink_bot:hs.b.example", max_rooms=3)
+    bot, registry = _Bot(), CollectorRegistry()
+    peer_feeds = room_feeds(peer, bot, registry)
+    rooms: Any = peer_feeds._rooms
+    room = [f"!r{i}:hs.b.example" for i in range(6)]
+
+    async def settle(joined: int, left: int) -> None:
+        async with asyncio.timeout(10):
+            while len(bot.joined) < joined or len(bot.declined) < left:
+                await asyncio.sleep(0.01)
+
+    try:
+        await peer_feeds.on_member_events(
+            "t1", [_member(peer, r, bot.user_id, "invite") for r in room[:4]]
+        )
+        await settle(3, 1)
+        assert bot.declined == [room[3]]
+        # B's node leaves r0; B puts A's bot out of r1.
+        await peer_feeds.on_member_events(
+            "t2",
+            [
+                _member(peer, room[0], peer.bot, "leave"),
+                _member(peer, room[1], bot.user_id, "leave"),
+            ],
+        )
+        await settle(3, 3)
+        assert sorted(bot.declined[1:]) == [room[0], room[1]]
+        assert room[0] not in rooms.joined and room[0] not in peer_feeds._feeds
+        # Two rooms free: two new invitations are taken, a third is refused.
+        await peer_feeds.on_member_events(
+            "t3", [_member(peer, r, bot.user_id, "invite") for r in room[3:6]]
+        )
+        await settle(5, 4)
+        assert bot.joined[3:] == [room[3], room[4]] and bot.declined[-1] == room[5]
+        # Someone else leaving a peer's room (or a room not the peer's) gives nothing back.
+        stranger = _member(peer, room[2], "@someone:hs.b.example", "leave")
+        await peer_feeds.on_member_events("t4", [stranger])
+        assert peer_feeds._rooms_of[B] == {room[2], room[3], room[4]}
     finally:
         await peer_feeds.close()
 

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from adapter.bounds import Bound
 from adapter.sessions import registry as registry_module
-from adapter.sessions.registry import Lifecycle, SessionRegistry
+from adapter.sessions.registry import Lifecycle, SessionRegistry, SessionsFull
 from adapter.sessions.serial import Serial
 from adapter.sessions.session import AckHello
 from adapter.sessions.tokens import SessionTokens
+from adapter.storage.clock import utcnow
 from adapter.storage.models import SessionState
 
 
@@ -35,6 +38,7 @@ class Rows:
         identity: str | None,
         claim: str,
         kept: Any = None,
+        client: str = "",
     ) -> int:
         await asyncio.sleep(0.001)  # a round trip: room for a race
         if runtime_url in self.by_runtime:
@@ -42,7 +46,9 @@ class Rows:
         self.by_runtime[runtime_url] = session_id = next(self.ids)
         return session_id
 
-    async def set_state(self, session_id: int, state: SessionState, protect: bool = False) -> None:
+    async def set_state(
+        self, session_id: int, state: SessionState, protect: bool = False, used: bool = True
+    ) -> None:
         await asyncio.sleep(0)
 
     async def claim_of(self, runtime_url: str) -> None:
@@ -224,3 +230,113 @@ async def test_a_line_is_gone_once_nobody_holds_or_waits_for_it() -> None:
 
     await asyncio.gather(*(hold(n) for n in range(5)))
     assert order == [0, 1, 2, 3, 4] and len(serial) == 0
+
+
+class StoredRows(Rows):
+    """The sessions table kept across a restart: what ``create`` and ``set_state`` write is
+    what ``all`` reads back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[int, dict[str, Any]] = {}
+
+    async def create(
+        self,
+        runtime_url: str,
+        user_id: str,
+        key: str,
+        protected: bool,
+        identity: str | None,
+        claim: str,
+        kept: Any = None,
+        client: str = "",
+    ) -> int:
+        session_id = await super().create(
+            runtime_url, user_id, key, protected, identity, claim, kept, client
+        )
+        self.rows[session_id] = {
+            "id": session_id,
+            "runtime_url": runtime_url,
+            "user_id": user_id,
+            "key": key,
+            "protected": protected,
+            "identity": identity,
+            "claim": claim,
+            "last_seen": utcnow(),
+            "client": client,
+            "used": False,
+        }
+        return session_id
+
+    async def set_state(
+        self, session_id: int, state: SessionState, protect: bool = False, used: bool = True
+    ) -> None:
+        self.rows[session_id]["used"] = used
+
+    async def all(self) -> list[Any]:
+        return [SimpleNamespace(**row) for row in self.rows.values()]
+
+
+def bounded_registry(rows: Rows, max_detached: int = 100) -> SessionRegistry:
+    return SessionRegistry(
+        rows,
+        None,  # type: ignore[arg-type]
+        SessionTokens("s" * 32, 3600),
+        lambda url: f"@u:{url}",
+        Gauge(),
+        3600,
+        Lifecycle(),
+        lambda _m: None,
+        lambda _s: None,
+        max_detached,
+        bound=Bound("sessions", 2, 100),
+    )
+
+
+async def test_a_restart_counts_the_sessions_it_reads_back_under_their_client() -> None:
+    """Issue 41 row 3 across a restart: the sessions a client held before count against its
+    bound after (they counted as nobody's, and the client got its whole share again)."""
+    rows = StoredRows()
+    before = bounded_registry(rows)
+    for i in range(2):
+        attachment = await before.attach(f"runtime://d/f{i}", Link(), None, None, client="ip:f")
+        await before.detach(attachment)
+    with pytest.raises(SessionsFull):
+        await before.attach("runtime://d/f2", Link(), None, None, client="ip:f")
+
+    after = bounded_registry(rows)
+    await after.load(2, {})
+    with pytest.raises(SessionsFull) as refused:
+        await after.attach("runtime://d/f2", Link(), None, None, client="ip:f")
+    assert refused.value.code == 429
+    # Another client is not held to it; a session of the client that goes gives its place back.
+    await after.attach("runtime://d/honest", Link(), None, None, client="ip:h")
+    gone = after.by_runtime("runtime://d/f0")
+    assert gone is not None
+    await after.release(gone)
+    await after.attach("runtime://d/f2", Link(), None, None, client="ip:f")
+
+
+async def test_a_restart_still_evicts_the_sessions_never_used_first() -> None:
+    """Whether a session was used is stored: after a restart a flood of sessions never used
+    (made before it) goes before an honest runtime's older session, not after."""
+    rows = StoredRows()
+    before = bounded_registry(rows)
+    honest = await before.attach("runtime://d/honest", Link(), None, None, client="ip:h")
+    honest.session.used = True  # it sent a frame
+    await before.detach(honest)
+    for i in range(2):
+        flood = await before.attach(f"runtime://d/new{i}", Link(), None, None, client="ip:f")
+        await before.detach(flood)
+    await asyncio.sleep(0.05)  # the states written behind
+
+    after = bounded_registry(rows, max_detached=3)
+    await after.load(2, {})
+    late = await after.attach("runtime://d/late", Link(), None, None, client="ip:l")
+    late.session.used = True
+    await after.detach(late)
+    await asyncio.sleep(0.05)
+    # The newest never used went, not the runtime that used its session since the start.
+    assert after.by_runtime("runtime://d/new1") is None
+    assert after.by_runtime("runtime://d/late") is not None
+    assert after.by_runtime("runtime://d/honest") is not None
