@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 import uuid
 from collections.abc import Coroutine
@@ -57,6 +58,7 @@ from ..support.domain_model import (
     wait_for,
 )
 from ..support.fuzzing import corpus_database, fuzz_seed
+from ..support.node_faults import DatabaseAway, kill, start_homeserver, stop_homeserver
 
 pytestmark = [pytest.mark.integration]
 T = TypeVar("T")
@@ -819,6 +821,39 @@ class DomainMachine(RuleBasedStateMachine):
 
     # -- faults -----------------------------------------------------------------------------
 
+    async def _exchange(self, what: str, *, refused: bool | None, count: int) -> None:
+        """Each live honest runtime sends ``count`` messages to the first hyperty of each other
+        honest runtime that has one and a session (live or away): each must be delivered once
+        (``refused`` False), or delivered or refused but not both (None)."""
+        for sender in [self.a(n) for n in HONEST if self.live(n)]:
+            frm = sender.hyperties[0] if sender.hyperties else sender.url
+            for target in [self.a(n) for n in HONEST if n != sender.name]:
+                if not (target.session_alive and target.hyperties):
+                    continue
+                to = target.hyperties[0]
+                receivers = self.model.receivers(to)
+                for _ in range(count):
+                    s = self.model.expect(
+                        sender,
+                        frm,
+                        to,
+                        refused=refused,
+                        must=receivers,
+                        what=f"{what} ({sender.name}->{target.name})",
+                    )
+                    s.either = refused is None
+                    await self._send(sender, s)
+
+    async def _reconnect_all(self) -> None:
+        """After the node came back: every runtime that was live connects again with its token
+        (the same stub instance, which sends again what the node had not acknowledged)."""
+        self.idle = []
+        for actor in self.model.actors.values():
+            if actor.state == "live":
+                assert actor.rt is not None
+                await actor.rt.drop()
+                await self._connect(actor, fresh=False, expect="resumed")
+
     @precondition(lambda self: "restart_node" not in SKIPPED)
     @rule()
     def restart_node(self) -> None:
@@ -830,12 +865,63 @@ class DomainMachine(RuleBasedStateMachine):
             await self.node.stop()
             self.node = Node(self.ctx.homeserver.node_config(self.database, **LIMITS))
             await self.node.start()
-            self.idle = []
-            for actor in self.model.actors.values():
-                if actor.state == "live":
-                    assert actor.rt is not None
-                    await actor.rt.drop()
-                    await self._connect(actor, fresh=False, expect="resumed")
+            await self._reconnect_all()
+
+        self.run(go())
+
+    @precondition(lambda self: "kill_node" not in SKIPPED)
+    @rule(burst=st.integers(0, 2))
+    def kill_node(self, burst: int) -> None:
+        """The node dies as by SIGKILL (its stub sockets cut, nothing flushed, no final
+        checkpoint) right after honest runtimes sent to each other, and starts again on its
+        database: every session resumes, and every message is delivered once, in order —
+        what the node had acknowledged from what it stored, the rest sent again by the stubs.
+        A stub's filter may drop a delivery the node sends again (allowed after a crash); a
+        message handed to a runtime twice is a broken promise."""
+
+        async def go() -> None:
+            assert self.node is not None
+            await self._exchange("sent as the node is killed", refused=False, count=burst)
+            await kill(self.node)
+            self.model.crashed = True
+            self.node = Node(self.ctx.homeserver.node_config(self.database, **LIMITS))
+            await self.node.start()
+            await self._reconnect_all()
+
+        self.run(go())
+
+    @precondition(lambda self: "restart_synapse" not in SKIPPED)
+    @rule(how=st.sampled_from(["SIGKILL", "SIGTERM"]), burst=st.integers(0, 2))
+    def restart_synapse(self, how: str, burst: int) -> None:
+        """The homeserver is killed (or stopped) and started again while honest runtimes send:
+        nothing is lost or refused, nothing arrives twice."""
+        process = self.ctx.homeserver.process
+
+        async def go() -> None:
+            try:
+                await stop_homeserver(process, signal.Signals[how])
+                await self._exchange("sent while Synapse is down", refused=False, count=burst)
+            finally:
+                await start_homeserver(process)
+
+        self.run(go())
+
+    @precondition(lambda self: "database_outage" not in SKIPPED)
+    @rule(seconds=st.sampled_from([1.0, 7.0]), burst=st.integers(1, 2))
+    def database_outage(self, seconds: float, burst: int) -> None:
+        """The node's database is away (another process holds SQLite's write lock, for 7 s
+        longer than the node's busy timeout) while honest runtimes send to each other, live or
+        away: each message is delivered once or answered with a coded error (503), never
+        both, never lost."""
+        away = DatabaseAway(self.database)
+
+        async def go() -> None:
+            await away.begin()
+            try:
+                await self._exchange("sent while the database is away", refused=None, count=burst)
+                await asyncio.sleep(seconds)
+            finally:
+                await away.end()
 
         self.run(go())
 

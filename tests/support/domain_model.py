@@ -113,6 +113,9 @@ class Sent:
     what: str = ""
     # False when `to` is spelled another way on purpose: the refusal may come from anywhere.
     canonical: bool = True
+    # Sent while a fault was on (``refused`` None): delivered, or refused, never both (a sender
+    # told "no" that sends again would make a duplicate of it).
+    either: bool = False
 
 
 def guid() -> str:
@@ -305,16 +308,44 @@ class Domain:
                     if s.n < prev:
                         out.append(f"{a.name} received {s.sender}'s {s.id} after a later one")
                     last_from[s.sender] = max(prev, s.n)
-            if a.duplicates and not self.crashed:
-                out.append(f"{a.name}'s stub dropped {a.duplicates} deliveries sent twice")
+            dropped = a.duplicates + (a.rt.duplicates if a.rt is not None else 0)
+            if dropped and not self.crashed:
+                out.append(f"{a.name}'s stub dropped {dropped} deliveries sent twice")
         for s in self.sent.values():
             err = self.error_answer(s)
+            if s.either and err is not None:
+                takers = [a.name for a in self.actors.values() if self.got(a, s.id)]
+                if takers:
+                    out.append(
+                        f"{s.id} ({s.what}) was refused {err.get('body')}, yet reached {takers}"
+                    )
             if s.refused is False and err is not None:
                 out.append(f"{s.id} ({s.what}, {s.frm} -> {s.to}) was refused: {err.get('body')}")
             if s.refused is True:
                 takers = [a.name for a in self.actors.values() if self.got(a, s.id)]
                 if takers:
                     out.append(f"{s.id} ({s.what}) must be refused, yet reached {takers}")
+        return out
+
+    def tally(self) -> dict[str, int]:
+        """What came of the attempted messages, for the run's summary: duplicates counted (a
+        message handed to a runtime twice, which ``violations`` fails; and deliveries a stub's
+        filter dropped, allowed only after a kill of the node)."""
+        out = {"attempted": 0, "delivered": 0, "refused": 0, "handed twice": 0, "filter drops": 0}
+        for s in self.sent.values():
+            out["attempted"] += 1
+            if self.error_answer(s) is not None:
+                out["refused"] += 1
+        for a in self.actors.values():
+            counts: dict[str, int] = {}
+            for m in a.seen:
+                if isinstance(m, dict) and m.get("type") not in (None, "response"):
+                    mid = m.get("id")
+                    if isinstance(mid, str) and mid in self.sent:
+                        counts[mid] = counts.get(mid, 0) + 1
+            out["delivered"] += len(counts)
+            out["handed twice"] += sum(n - 1 for n in counts.values())
+            out["filter drops"] += a.duplicates + (a.rt.duplicates if a.rt is not None else 0)
         return out
 
     def _answer_violations(self, a: Actor, m: dict[str, Any]) -> list[str]:
