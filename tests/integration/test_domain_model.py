@@ -105,6 +105,8 @@ class DomainMachine(RuleBasedStateMachine):
     ctx: ClassVar[Context]
     examples: ClassVar[int] = 0
     steps: ClassVar[int] = 0
+    # What came of every attempted message over the run (Domain.tally), duplicates among it.
+    totals: ClassVar[dict[str, int]] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -213,6 +215,9 @@ class DomainMachine(RuleBasedStateMachine):
         self.run(go())
 
     def teardown(self) -> None:
+        for key, value in self.model.tally().items():
+            self.totals[key] = self.totals.get(key, 0) + value
+
         async def go() -> None:
             for rt in [a.rt for a in self.model.actors.values()] + self.extra:
                 if rt is not None:
@@ -1006,8 +1011,12 @@ async def test_the_node_keeps_the_domains_promises(
         asyncio.get_running_loop(), homeserver, databases, time.monotonic() + BUDGET
     )
     DomainMachine.examples = DomainMachine.steps = 0
+    DomainMachine.totals = {}
     started = time.monotonic()
-    rounds = await asyncio.to_thread(run_for_budget, seed, DomainMachine.ctx.deadline)
+    try:
+        rounds = await asyncio.to_thread(run_for_budget, seed, DomainMachine.ctx.deadline)
+    finally:
+        print(f"domain model: messages {DomainMachine.totals}", flush=True)
     print(
         f"domain model: {rounds} rounds, {DomainMachine.examples} examples, "
         f"{DomainMachine.steps} steps in {time.monotonic() - started:.0f} s, no promise broken"
