@@ -150,6 +150,7 @@ class DomainMachine(RuleBasedStateMachine):
             if old is not None:
                 actor.duplicates += old.duplicates
                 await old.close()
+                actor.reloaded = True
             actor.rt = rt
         rt = actor.rt
         rt.stub_url = self.stub_url()

@@ -78,3 +78,16 @@ def test_a_stubs_filter_dropping_a_delivery_is_allowed_only_after_a_kill() -> No
     model.crashed = True
     assert model.violations() == []
     assert model.tally()["filter drops"] == 1
+
+
+def test_a_message_handed_twice_is_excused_only_to_a_reloaded_runtime_after_a_kill() -> None:
+    model, alice, bob = _domain()
+    s = model.expect(alice, alice.hyperties[0], bob.hyperties[0], refused=False, must={"bob"})
+    bob.seen += [_ping(s), _ping(s)]
+    bob.reloaded = True
+    assert model.violations() == [f"bob was handed {s.id} () twice"]
+    model.crashed = True
+    assert model.violations() == []
+    assert model.tally()["handed twice"] == 1
+    bob.reloaded = False
+    assert model.violations() == [f"bob was handed {s.id} () twice"]
