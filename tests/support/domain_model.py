@@ -87,8 +87,9 @@ class Actor:
     # across a reload), so once the node has been killed, what it delivers again from the
     # lanes it reads again (under new delivery numbers) may reach the runtime a second time.
     # Seen by this model on main (043b097): "carol was handed alice:57 twice" after Synapse
-    # and node kills; the stub's promise "never a duplicate, even after a crash"
-    # (docs/stub-protocol.md) does not hold across a reload. Excused unless RETHINK_MODEL_STRICT.
+    # and node kills (that path the likely one, not yet reproduced step by step); the stub's
+    # promise "never a duplicate, even after a crash" (docs/stub-protocol.md) does not hold
+    # across a reload. Excused unless RETHINK_MODEL_STRICT=1.
     reloaded: bool = False
 
     @property
