@@ -248,6 +248,10 @@ class DomainMachine(RuleBasedStateMachine):
         broken = self.model.violations()
         if not settled:
             broken += [f"lost (after {SETTLE} s): {p}" for p in self.model.pending()]
+        if broken:
+            # Printed at once: a failure on a real node may replay otherwise, and Hypothesis
+            # then reports only that its replay was flaky.
+            print("domain model: broken:\n  " + "\n  ".join(broken), flush=True)
         assert not broken, "\n".join(broken)
 
     # -- honest runtimes --------------------------------------------------------------------

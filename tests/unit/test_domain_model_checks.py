@@ -91,3 +91,13 @@ def test_a_message_handed_twice_is_excused_only_to_a_reloaded_runtime_after_a_ki
     assert model.tally()["handed twice"] == 1
     bob.reloaded = False
     assert model.violations() == [f"bob was handed {s.id} () twice"]
+
+
+def test_a_delivered_message_refused_later_is_excused_only_after_a_kill() -> None:
+    model, alice, bob = _domain()
+    s = model.expect(alice, alice.hyperties[0], bob.hyperties[0], refused=False, must={"bob"})
+    bob.seen.append(_ping(s))
+    alice.seen.append(_refusal(s, 404))
+    assert model.violations() == [f"{s.id} (, {s.frm} -> {s.to}) was refused: {{'code': 404}}"]
+    model.crashed = True
+    assert model.violations() == []
