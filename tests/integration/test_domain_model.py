@@ -125,8 +125,14 @@ class DomainMachine(RuleBasedStateMachine):
     # -- plumbing ---------------------------------------------------------------------------
 
     def run(self, coro: Coroutine[Any, Any, T], limit: float = 180) -> T:
-        """Run ``coro`` on the tests' event loop, where the node and the runtimes live."""
-        return asyncio.run_coroutine_threadsafe(coro, self.ctx.loop).result(limit)
+        """Run ``coro`` on the tests' event loop, where the node and the runtimes live. What
+        fails is printed at once (a failure on a real node may replay otherwise, and Hypothesis
+        then reports only that its replay was flaky)."""
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.ctx.loop).result(limit)
+        except BaseException as exc:
+            print(f"domain model: a step failed: {exc!r}"[:3000], flush=True)
+            raise
 
     def stub_url(self) -> str:
         assert self.node is not None

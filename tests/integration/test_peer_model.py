@@ -140,7 +140,12 @@ class PeerMachine(RuleBasedStateMachine):
     # -- plumbing ---------------------------------------------------------------------------
 
     def run(self, coro: Coroutine[Any, Any, T], limit: float = 240) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.ctx.loop).result(limit)
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.ctx.loop).result(limit)
+        except BaseException as exc:
+            # Printed at once, as the domain model's (a flaky replay hides it otherwise).
+            print(f"peer model: a step failed: {exc!r}"[:3000], flush=True)
+            raise
 
     def count(self, what: str, n: int = 1) -> None:
         self.tally[what] = self.tally.get(what, 0) + n
