@@ -16,6 +16,7 @@ TOGETHER = {
     "tests/integration/test_domains.py": "federation",
     "tests/integration/test_federation_stack.py": "federation",
     "tests/integration/test_hostile_peer.py": "federation",
+    "tests/integration/test_peer_model.py": "federation",
 }
 
 
