@@ -314,7 +314,7 @@ class PeerMachine(RuleBasedStateMachine):
             return lost + self.violations(written)
 
         broken = self.run(go(), SETTLE + 120)
-        held = self.run(self.ctx.node._remote_subscriptions.all())
+        held = self.run(self.ctx.node.core.remote_subscriptions.all())
         if len(held) > QUOTA:
             broken.append(f"A holds {len(held)} subscriptions of B, past its quota of {QUOTA}")
         if broken:
@@ -486,7 +486,7 @@ class PeerMachine(RuleBasedStateMachine):
         quota leaves: at most what the quota leaves is granted, the rest refused with a code;
         then alice publishes, and the change is written to B (once)."""
         stream = f"{self.object['alice']}/changes"
-        room = QUOTA - len(self.run(self.ctx.node._remote_subscriptions.all()))
+        room = QUOTA - len(self.run(self.ctx.node.core.remote_subscriptions.all()))
         asks = []
         for i in range(max(room, 0) + extra):
             source = f"runtime://{B}/{self.run_id}-s{next(self.order)}-{i}"
@@ -548,7 +548,7 @@ class PeerMachine(RuleBasedStateMachine):
         loop = asyncio.get_running_loop()
         end = loop.time() + SETTLE
         while loop.time() < end:
-            if not await self.ctx.node._remote_subscriptions.all():
+            if not await self.ctx.node.core.remote_subscriptions.all():
                 return True
             await asyncio.sleep(0.3)
         return False
