@@ -217,6 +217,10 @@ class Domain:
                 "max_connections": 20000,
                 # The load driver connects NoMatrix-style (v2 without hello).
                 "tokenless_sessions": "allow",
+                # Its runtimes are all one client (loopback) standing for many hosts: no
+                # per-client rate (bench/run.py's write_config says why).
+                "client_messages_per_second": 0,
+                "client_bytes_per_second": 0,
             },
             "federation": {"peers": {peer.name: {"server_name": peer.server_name}}},
             "database": {"url": db_url},

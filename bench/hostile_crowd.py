@@ -33,6 +33,8 @@ from typing import Any
 
 import aiohttp
 
+from adapter.config import StubConfig
+
 # The bench's stand-in peer domain (configured on the node; no homeserver serves it).
 PEER_DOMAIN = "peer.bench.example"
 PEER_BOT = f"@_rethink_bot:{PEER_DOMAIN}"
@@ -61,8 +63,16 @@ QUICK = Sizes(flood_sessions_per_s=5.0, flood_addresses=100, idle_sockets=100)
 
 def node_settings() -> dict[str, Any]:
     """What the node of every arm is configured with (the same, so the arms compare): the
-    stand-in peer, and a subscription quota the burst reaches."""
+    stand-in peer, a subscription quota the burst reaches, and one client's rate as shipped
+    (bench/run.py turns it off for its crowds): the honest crowd (200 x 5 msg/s) and every
+    hostile party together send a fraction of it from loopback, so the honest crowd is not
+    paced by it, and the hostile parties meet the node as deployed."""
+    defaults = StubConfig.model_fields
     return {
+        **{
+            f"stub.{key}": defaults[key].default
+            for key in ("client_messages_per_second", "client_bytes_per_second")
+        },
         "federation.peers": {
             PEER_DOMAIN: {"server_name": PEER_DOMAIN, "max_subscriptions": PEER_MAX_SUBSCRIPTIONS}
         },

@@ -245,6 +245,13 @@ def write_config(
                     # The load driver connects NoMatrix-style (v2 without hello), as reTHINK's own
                     # measurements did.
                     "tokenless_sessions": "allow",
+                    # The driver's runtimes all connect from loopback, one client to the node,
+                    # where they stand for as many hosts: a crowd cell of 2,000 x 5 msg/s is
+                    # twice one client's default rate, which would measure that rate and not the
+                    # node. Each socket keeps its own pace; groups that set these (hostile.py)
+                    # apply after.
+                    "client_messages_per_second": 0,
+                    "client_bytes_per_second": 0,
                 },
                 "database": {"url": db_url},
                 "routing": {"journal": journal},

@@ -44,7 +44,7 @@ from .connection import (
     StubConnection,
 )
 from .origins import OriginCheck
-from .pacing import Pace
+from .pacing import ClientPaces, Pace
 from .protocol import (
     BadFrame,
     BadHello,
@@ -98,6 +98,13 @@ class StubEndpoint:
             config.max_connections,
             metrics.bound_refused,
             "stub connections",
+        )
+        # What all the connections of one client send together is paced too (pacing.py).
+        self._client_paces = ClientPaces(
+            config.client_messages_per_second,
+            config.client_messages_burst,
+            config.client_bytes_per_second,
+            config.client_bytes_burst,
         )
         # Open sockets that have not completed their handshake, each with its deadline.
         self._handshaking: dict[StubConnection, asyncio.TimerHandle] = {}
@@ -229,6 +236,7 @@ class StubEndpoint:
             config.bytes_per_second,
             config.bytes_burst,
         )
+        shared = self._client_paces.join(client)
         # 1000 only after a processed `disconnect` (the stub then drops its session); anything
         # else that ends the connection from this side tells the stub to come back and resume.
         close_code = CLOSE_INTERNAL_ERROR
@@ -259,9 +267,11 @@ class StubEndpoint:
                         await self._take_ack(conn, attachment, frame.data)
                     continue
                 if frame.type in PACED_FRAMES:
-                    # The sender's rate: until it allows the next frame (of any kind), this
-                    # socket is not read (the sender waits; nothing is dropped).
-                    wait = pace.take(len(frame.data or b""))
+                    # The sender's rate and its client's: until both allow the next frame
+                    # (of any kind), this socket is not read (the sender waits; nothing is
+                    # dropped).
+                    size = len(frame.data or b"")
+                    wait = max(pace.take(size), shared.take(size))
                     if wait > 0:
                         self._metrics.paced_seconds.inc(wait)
                         await asyncio.sleep(wait)
@@ -296,6 +306,7 @@ class StubEndpoint:
             # what it had not seen acknowledged it sends again.
             log.exception("stub connection failed inside the node", peer=conn.peer)
         finally:
+            self._client_paces.leave(client)
             self._open.discard(conn)
             self._handshake_done(conn)
             if attachment is not None:

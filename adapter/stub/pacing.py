@@ -58,3 +58,54 @@ class Pace:
     def take(self, size: int) -> float:
         """One frame of ``size`` bytes: the seconds to wait before reading the next."""
         return max(self._messages.take(1), self._bytes.take(size))
+
+
+class ClientPaces:
+    """One ``Pace`` per client, shared by all its connections: a host opening many sockets
+    sends no faster than one client's rate in all (the attacker review of issue 41: 50 sockets
+    of one host, each within its own rate, took the node from every honest runtime). A client's
+    pace is kept while it has a connection open and dropped with its last one, so the node holds
+    one per connected client and no more."""
+
+    __slots__ = ("_bytes_burst", "_bytes_rate", "_clock", "_held", "_messages_burst", "_rate")
+
+    def __init__(
+        self,
+        messages_per_second: float,
+        messages_burst: int,
+        bytes_per_second: float,
+        bytes_burst: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rate = messages_per_second
+        self._messages_burst = messages_burst
+        self._bytes_rate = bytes_per_second
+        self._bytes_burst = bytes_burst
+        self._clock = clock
+        # Each client's pace and how many of its connections use it.
+        self._held: dict[str, tuple[Pace, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def join(self, client: str) -> Pace:
+        """The pace a new connection of ``client`` shares with its others."""
+        held = self._held.get(client)
+        if held is None:
+            pace = Pace(
+                self._rate, self._messages_burst, self._bytes_rate, self._bytes_burst, self._clock
+            )
+        else:
+            pace = held[0]
+        self._held[client] = (pace, (held[1] if held else 0) + 1)
+        return pace
+
+    def leave(self, client: str) -> None:
+        """A connection of ``client`` closed: its pace goes with its last connection."""
+        held = self._held.get(client)
+        if held is None:
+            return
+        if held[1] > 1:
+            self._held[client] = (held[0], held[1] - 1)
+        else:
+            del self._held[client]

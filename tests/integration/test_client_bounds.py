@@ -493,3 +493,55 @@ async def test_subscriptions_and_registry_entries_are_bounded_per_client(
     finally:
         for runtime in (*flood, honest):
             await runtime.close()
+
+
+async def test_the_sockets_of_one_client_share_its_rate(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """The attacker review of issue 41: 50 sockets of one host, each within its own rate,
+    together took the node from every honest runtime. All the sockets of one client now share
+    its rate: two connections, each far within its own, are paced once their client's is
+    spent, while another client's runtimes connect and route unpaced meanwhile."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{
+            "stub.trusted_proxies": ["127.0.0.1"],
+            "stub.client_messages_per_second": 10.0,
+            "stub.client_messages_burst": 20,
+        },
+    )
+    flood = [_runtime(node, f"flood-{i}", ELSEWHERE) for i in range(2)]
+    alice, bob = _runtime(node, "alice"), _runtime(node, "bob")
+    paced = "rethink_mn_stub_paced_seconds_total"
+    try:
+        for runtime in flood:
+            await runtime.connect()
+        for runtime in flood:
+            ws = runtime.ws
+            assert ws is not None
+            for _ in range(50):  # each far within its own rate (1,000 a second, 20,000 burst)
+                await ws.ping(b"x")
+        # Both connections' last frame, a request: answered once the client's rate allows it,
+        # some eight seconds after the 104 frames began (84 past the burst, 10 a second).
+        last = asyncio.gather(
+            *(
+                r.request(
+                    ALLOCATION, "create", {"scheme": "hyperty", "value": {"number": 1}}, timeout=60
+                )
+                for r in flood
+            )
+        )
+        await _until(lambda: _metric(node, paced) >= 1.0)
+        # Another client (the test's own host) is not held by that client's pace: its runtimes
+        # connect, allocate and route while the flood still waits.
+        await alice.connect()
+        await bob.connect()
+        [a] = await alice.allocate(D, number=1)
+        [b] = await bob.allocate(D, number=1)
+        await _ping(alice, bob, a, b, "honest")
+        assert not last.done()
+        answers = await last
+        assert [answer["body"]["code"] for answer in answers] == [200, 200], answers
+    finally:
+        for runtime in (*flood, alice, bob):
+            await runtime.close()

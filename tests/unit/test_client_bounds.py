@@ -30,7 +30,7 @@ from adapter.sessions.mailbox import (
     waiting_refusal,
 )
 from adapter.sessions.registry import SessionsFull
-from adapter.stub.pacing import Pace, TokenBucket
+from adapter.stub.pacing import ClientPaces, Pace, TokenBucket
 
 from .test_session_bounds import Link, registry
 
@@ -226,6 +226,31 @@ def test_a_connection_beyond_its_rate_waits_and_within_it_never_does() -> None:
     flood = Pace(1000, 20_000, 0, 1024, lambda: 0.0)
     assert sum(flood.take(50) for _ in range(20_000)) == 0.0
     assert flood.take(50) == pytest.approx(0.001)
+
+
+def test_the_connections_of_one_client_share_its_rate_and_its_pace_goes_with_the_last() -> None:
+    now = [0.0]
+    paces = ClientPaces(10, 5, 0, 1024, lambda: now[0])
+    first, second = paces.join("10.9.9.9"), paces.join("10.9.9.9")
+    other = paces.join("10.8.8.8")
+    assert len(paces) == 2
+    # Each connection sends three frames (within any rate of its own): the client's burst of
+    # five is spent by both together, and the sixth frame waits.
+    assert [first.take(1) for _ in range(3)] == [0.0] * 3
+    assert [second.take(1) for _ in range(2)] == [0.0] * 2
+    assert second.take(1) == pytest.approx(0.1)
+    # Another client meanwhile has its whole burst.
+    assert [other.take(1) for _ in range(5)] == [0.0] * 5
+    # A client's pace is kept while any of its connections is open, then dropped: one per
+    # connected client, no more.
+    paces.leave("10.9.9.9")
+    assert paces.join("10.9.9.9") is first
+    paces.leave("10.9.9.9")
+    paces.leave("10.9.9.9")
+    paces.leave("10.8.8.8")
+    assert len(paces) == 0
+    paces.leave("10.8.8.8")  # a second leave of a gone client changes nothing
+    assert len(paces) == 0
 
 
 # -- a journal that keeps what took effect ---------------------------------------------------
