@@ -336,6 +336,10 @@ class QuotaConfig(_Strict):
     # Subscriptions one client holds at most (over all its sessions), and the node in total.
     subscriptions_per_client: int = Field(default=100_000, ge=1)
     subscriptions_total: int = Field(default=1_000_000, ge=1)
+    # Routes learned from the addresses one client's runtimes speak from (over all its
+    # sessions), and the node's in total: each is a row and an entry of the routing table.
+    learned_routes_per_client: int = Field(default=100_000, ge=1)
+    learned_routes_total: int = Field(default=1_000_000, ge=1)
     # Sender ids (origins) of this domain's runtimes whose dedupe marks the node keeps, per
     # client and in total: a session numbers in one per stub instance and one of the node's;
     # beyond, the oldest go (a resent message of theirs is delivered again).
@@ -350,6 +354,7 @@ class QuotaConfig(_Strict):
         _share_within(self, "waiting_bytes_per_client", "waiting_bytes_total")
         _share_within(self, "addresses_per_client", "addresses_total")
         _share_within(self, "subscriptions_per_client", "subscriptions_total")
+        _share_within(self, "learned_routes_per_client", "learned_routes_total")
         _share_within(self, "marks_per_client", "marks_total")
         return self
 

@@ -41,6 +41,9 @@ class RoutingTable:
         # Told how many of a session's subscriptions went (the node's subscription bound
         # gives them back: services/subscriptions.py).
         self.on_subscriptions_removed: Callable[[int, int], None] = lambda _session, _n: None
+        # Told how many of a session's learned routes went (the learned-route bound gives them
+        # back: routing/ingress.py).
+        self.on_learned_removed: Callable[[int, int], None] = lambda _session, _n: None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -254,6 +257,7 @@ class RoutingTable:
         if self._learned.get(address) == session_id:
             del self._learned[address]
             self._entry(session_id).learned.discard(address)
+            self.on_learned_removed(session_id, 1)
 
     def remove_session(self, session_id: int) -> None:
         entry = self._by_session.pop(session_id, None)
@@ -280,6 +284,8 @@ class RoutingTable:
         for address in entry.learned:
             if self._learned.get(address) == session_id:
                 del self._learned[address]
+        if entry.learned:
+            self.on_learned_removed(session_id, len(entry.learned))
         if entry.runtime_url is not None and self._runtimes.get(entry.runtime_url) == session_id:
             del self._runtimes[entry.runtime_url]
 

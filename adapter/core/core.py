@@ -24,7 +24,7 @@ from appservice.metrics import AppserviceMetrics
 
 from .. import carrier
 from ..access import AccessMonitor
-from ..bounds import Bound
+from ..bounds import Bound, SessionShares
 from ..carrier import Sender
 from ..config import NodeConfig
 from ..heap import Collector
@@ -369,6 +369,15 @@ class Core:
             self.hooks.abroad,
             self.hooks.catch_up,
             claim=self.allocation.claim,
+            learned=SessionShares(
+                Bound(
+                    "learned_routes",
+                    cfg.quotas.learned_routes_per_client,
+                    cfg.quotas.learned_routes_total,
+                    self.metrics.bound_refused,
+                ),
+                self.client_of,
+            ),
         )
 
     def _services(self) -> ServiceDirectory:

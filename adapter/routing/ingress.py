@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from ..access import LEARN, AccessMonitor, Claim, Principal, Refusal, no_claims
+from ..bounds import Bound, SessionShares
 from ..carrier import Routed
 from ..config import QuotaConfig
 from ..envelope import (
@@ -134,8 +135,15 @@ class Ingress:
         abroad: Abroad | None = None,
         catch_up: Callable[[], Awaitable[None]] | None = None,
         claim: Callable[[Principal, str], Awaitable[Refusal | None]] = no_claims,
+        learned: SessionShares | None = None,
     ) -> None:
         self._table = table
+        # Learned routes per client and in total, beside the per-session quota; what a session
+        # learned goes back as its routes go (the table tells, also when it is released).
+        self.learned = learned or SessionShares(
+            Bound("learned_routes", 1 << 62, 1 << 62), lambda _session: ""
+        )
+        table.on_learned_removed = self.learned.give
         self._monitor = monitor
         # Allocates a self-made address a runtime speaks from (access.py, "Claim").
         self._claim = claim
@@ -276,11 +284,19 @@ class Ingress:
                     "it was not allocated",
                     pending,
                 )
-            if self._table.learn(session.id, message.from_):
+            bounded = self.learned.take(session.id)
+            if bounded is not None:
+                return await self._refuse(
+                    attachment, message, bounded.code, bounded.reason, pending
+                )
+            if not self._table.learn(session.id, message.from_):
+                self.learned.give(session.id)
+            else:
                 try:
                     await self._routes.learn(session.id, message.from_)
                 except BaseException:
-                    # Not stored: not learned either (the message is sent again, or refused).
+                    # Not stored: not learned either (the message is sent again, or refused);
+                    # the table gives its place back.
                     self._table.unlearn(session.id, message.from_)
                     raise
         destinations = self._monitor.receivers(message.to, session.id)

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from adapter.access import AccessMonitor
+from adapter.bounds import Bound, SessionShares
 from adapter.carrier import Routed
 from adapter.config import PolicyConfig, PolicyRule, QuotaConfig
 from adapter.envelope import Message
@@ -338,6 +339,7 @@ def ingress_for(
     rules: Sequence[PolicyRule] = (),
     quotas: QuotaConfig | None = None,
     waiting: dict[int, int] | None = None,
+    learned: SessionShares | None = None,
 ) -> Ingress:
     services = ServiceDirectory(D)
     services.add_endpoint("echo", EchoService())
@@ -354,6 +356,7 @@ def ingress_for(
         quotas or QuotaConfig(),
         lambda session_id, _sender: Waiting((waiting or {}).get(session_id, 0), 0),
         backpressure_timeout=0.01,
+        learned=learned,
     )
 
 
@@ -545,3 +548,29 @@ async def test_quotas_refuse_learning_and_full_destinations() -> None:
     # Two new `from` addresses are learned (404: nobody there), the third is over the quota;
     # the message to bob, whose backlog is full, is refused with 413.
     assert codes == [404, 404, 429, 413]
+
+
+async def test_learned_routes_are_bounded_per_client_and_given_back_with_their_session() -> None:
+    """Two sessions of one client, each within its own quota of learned routes, share the
+    client's bound; a session released gives its routes' places back."""
+    table = RoutingTable()
+    sessions = Sessions()
+    first, second = sessions.add(1, table), sessions.add(2, table)
+    table.add_allocations(1, ["hyperty://mn.test/a"], None)
+    table.add_allocations(2, ["hyperty://mn.test/b"], None)
+    shares = SessionShares(Bound("learned_routes", 3, 100), lambda _session: "ip:10.9.9.9")
+    ingress = ingress_for(table, Outboxes(), {}, learned=shares)
+    links = {1: await attached(first), 2: await attached(second)}
+    attachments = {1: Attachment(first, links[1], None, False)}
+    attachments[2] = Attachment(second, links[2], None, False)
+
+    async def speak(session_id: int, n: int) -> int:
+        frm = f"hyperty://other.example/{n}"
+        await decide(ingress, attachments[session_id], frame(n, "hyperty://mn.test/x", frm=frm))
+        return int(links[session_id].messages()[-1]["body"]["code"])  # type: ignore[index]
+
+    # Learned (404: nobody at the destination) until the client holds 3; then 429.
+    assert [await speak(1, 0), await speak(1, 1), await speak(2, 2)] == [404, 404, 404]
+    assert await speak(2, 3) == 429
+    table.remove_session(1)
+    assert await speak(2, 4) == 404
