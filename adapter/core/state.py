@@ -44,6 +44,7 @@ async def load_state(core: Core) -> None:
     await load_routes(core, lambda _session_id: True)
     # Read back: held already, so counted whatever the bounds.
     core.subscription_service.restore()
+    core.allocation.restore()
     for session_id in core.table.sessions():
         core.ingress.learned.force(session_id, core.table.holdings(session_id).learned)
     for address, domain, runtime in await core.remote_subscriptions.all():

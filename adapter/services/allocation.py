@@ -62,8 +62,8 @@ class AllocationService:
         self._domain = domain
         # Addresses per client and in total (beside the per-session quota): taken before the
         # durable write, in one step with the check; given back as addresses go (``let_go``).
-        # What each session took, for which client: given back when its addresses go
-        # (addresses read back at a start took nothing).
+        # What each session took, for which client: given back when its addresses go (what
+        # a start reads back is counted under its session's client: ``restore``).
         self._shares = SessionShares(
             bound if bound is not None else Bound("addresses", 1 << 62, 1 << 62), client_of
         )
@@ -135,6 +135,11 @@ class AllocationService:
 
     def _give_back(self, session_id: int, amount: int) -> None:
         self._shares.give(session_id, amount)
+
+    def restore(self) -> None:
+        """Count the addresses read back at a start under their sessions' clients."""
+        for session_id in self._table.sessions():
+            self._shares.force(session_id, self._table.holdings(session_id).addresses)
 
     def let_go(self, session_id: int, amount: int) -> None:
         """``amount`` of the session's addresses went (deleted, or its session ended)."""

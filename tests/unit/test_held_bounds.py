@@ -20,6 +20,7 @@ from adapter.observability import NodeMetrics
 from adapter.routing.local_origins import LocalOrigins
 from adapter.routing.settlement import Settlement
 from adapter.routing_table import RoutingTable
+from adapter.services.allocation import AllocationService
 from adapter.services.base import Requester
 from adapter.services.registry_builtin import BuiltinRegistry, build_builtin_registry
 from adapter.services.registry_entries import RegistryEntries
@@ -113,6 +114,28 @@ async def test_subscriptions_read_back_at_a_start_count_under_their_client() -> 
     assert (await service.handle(_message("subscribe", _streams("c")), requester)).code == 429
     table.remove_session(1)
     assert (await service.handle(_message("subscribe", _streams("c")), requester)).code == 200
+
+
+def test_addresses_read_back_at_a_start_count_under_their_client() -> None:
+    table = RoutingTable()
+    table.add_allocations(1, ["hyperty://d/a", "hyperty://d/b"], None)
+    table.add_allocations(3, ["hyperty://d/c"], None)
+    bound = Bound("addresses", 3, 10)
+    service = AllocationService(
+        "d",
+        table,
+        AccessMonitor("d", table),
+        _Routes(),  # type: ignore[arg-type]
+        bound=bound,
+        client_of=CLIENT_OF.__getitem__,
+    )
+    table.on_allocations_removed = service.let_go
+    service.restore()
+    assert (bound.held("ip:10.0.0.1"), bound.held("ip:10.0.0.2"), bound.taken) == (2, 1, 3)
+    # The client's second session may take one more; what the first held goes back with it.
+    assert bound.refusal("ip:10.0.0.1", 2) is not None
+    table.remove_session(1)
+    assert (bound.held("ip:10.0.0.1"), bound.taken) == (0, 1)
 
 
 async def test_local_sender_marks_are_bounded_per_client_and_in_total_and_go_with_their_sender(
