@@ -61,6 +61,7 @@ from .ops.worker import DashboardWorker
 from .policies.api import PolicyApi
 from .policies.engine import PolicyEngine as RuleEngine
 from .policies.store import PolicyStore
+from .retry import Backoff, retry
 from .routing.abroad import Abroad, DirectLinks, Onward, ThroughLanes
 from .routing.bounce import Bounce
 from .routing.delivery import Delivery
@@ -871,15 +872,13 @@ class Node:
             self._on_struck,
             sends_on=self.peers is not None and self.federation is not None,
         )
-        delay = 0.25
-        while True:
-            try:
-                await membership.join([(lane.room_id or "", lane.last_number) for lane in lanes])
-                break
-            except Exception as exc:  # noqa: BLE001 - the database or homeserver away
-                log.warning("joining the domain's processes failed; retrying", error=repr(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        await retry(  # the database or homeserver may be away
+            lambda: membership.join([(lane.room_id or "", lane.last_number) for lane in lanes]),
+            Backoff(0.25, 5.0),
+            on_retry=lambda exc, _delay: log.warning(
+                "joining the domain's processes failed; retrying", error=repr(exc)
+            ),
+        )
         self.membership = membership
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
@@ -989,16 +988,14 @@ class Node:
     async def _ping_homeserver(self) -> None:
         """Tell the homeserver we are up: it then retries its queued transactions at once
         instead of waiting out its back-off (up to minutes after an outage of the node)."""
-        delay = 1.0
-        while True:
-            try:
-                duration = await self.api.ping(self.config.appservice.id)
-                log.info("homeserver ping answered", round_trip_ms=duration)
-                return
-            except Exception as exc:  # noqa: BLE001 - keep trying; /health shows the state
-                log.warning("homeserver ping failed; retrying", error=str(exc), retry_in=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 60.0)
+        duration = await retry(  # kept trying; /health shows the state meanwhile
+            lambda: self.api.ping(self.config.appservice.id),
+            Backoff(1.0, 60.0),
+            on_retry=lambda exc, delay: log.warning(
+                "homeserver ping failed; retrying", error=str(exc), retry_in=delay
+            ),
+        )
+        log.info("homeserver ping answered", round_trip_ms=duration)
 
     async def _maintenance(self) -> None:
         keep_marks = max(

@@ -27,6 +27,7 @@ from appservice.intent import Intent
 from .. import carrier
 from ..carrier import LaneEncoder
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from .flow import PeerPace
 from .lanes import Outgoing, StreamOutbox
 from .peers import Peer, Peers
@@ -101,26 +102,24 @@ class PeerLink(StreamOutbox):
 
     async def start(self) -> None:
         """Find (or create) the room and continue its numbering, then open for sending."""
-        delay = 0.25
-        while True:
-            try:
-                _intent, room_id = await self._target(False)
-                await self._rooms.writer_only(room_id)
-                page = await self._bot.messages(
-                    room_id,
-                    direction="b",
-                    limit=1,
-                    event_filter={"types": [carrier.BATCH_EVENT], "senders": [self._bot.user_id]},
-                )
-                self._n = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
-                self.pace.start_at(self._n)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
-                log.warning("peer link not ready; retrying", peer=self.peer.domain, error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        async def open_room() -> None:
+            _intent, room_id = await self._target(False)
+            await self._rooms.writer_only(room_id)
+            page = await self._bot.messages(
+                room_id,
+                direction="b",
+                limit=1,
+                event_filter={"types": [carrier.BATCH_EVENT], "senders": [self._bot.user_id]},
+            )
+            self._n = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
+            self.pace.start_at(self._n)
+
+        def not_ready(exc: Exception, _delay: float) -> None:
+            # The homeserver may not be up yet.
+            log.warning("peer link not ready; retrying", peer=self.peer.domain, error=str(exc))
+
+        await retry(open_room, Backoff(0.25, 2.0), on_retry=not_ready)
         await self._await_peer_join()
         self.ready.set()
         log.info("peer link ready", peer=self.peer.domain, last_event=self._n)
@@ -132,7 +131,7 @@ class PeerLink(StreamOutbox):
         the path of every event. Bounded, for a peer whose node is away: then its node finds
         those events reading the room when it joins."""
         deadline = asyncio.get_running_loop().time() + PEER_JOIN_WAIT_SECONDS
-        delay = 0.05
+        backoff = Backoff(0.05, 1.0)
         while asyncio.get_running_loop().time() < deadline:
             try:
                 _intent, room_id = await self._target(False)
@@ -140,8 +139,7 @@ class PeerLink(StreamOutbox):
                     return
             except MatrixError as exc:
                 log.warning("peer membership unknown", peer=self.peer.domain, error=str(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await backoff.wait()
         log.warning("peer has not joined yet; sending anyway", peer=self.peer.domain)
 
 

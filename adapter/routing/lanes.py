@@ -28,6 +28,7 @@ from appservice.intent import Intent
 
 from ..carrier import LaneEncoder, Routed
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from ..sessions.session import Session
 from ..sessions.upstream import Pending, Upstream
 from .delivery import Delivery, passing
@@ -258,18 +259,16 @@ class Lane(StreamOutbox):
 
     async def start(self, recover: Recover) -> None:
         """Find the room, deliver what a previous run left unsettled, then open for sending."""
-        delay = 0.25
-        while True:
-            try:
-                _intent, room_id = await self._send_target(False)
-                self._n = self.delivered_number = await recover(self, room_id)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
-                log.warning("lane not ready; retrying", lane=self.index, error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        async def recovered() -> None:
+            _intent, room_id = await self._send_target(False)
+            self._n = self.delivered_number = await recover(self, room_id)
+
+        def not_ready(exc: Exception, _delay: float) -> None:
+            # The homeserver may not be up yet.
+            log.warning("lane not ready; retrying", lane=self.index, error=str(exc))
+
+        await retry(recovered, Backoff(0.25, 2.0), on_retry=not_ready)
         self.ready.set()
         log.info("lane ready", lane=self.index, room=self.room_id, last_event=self._n)
 

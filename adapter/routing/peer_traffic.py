@@ -39,7 +39,6 @@ from typing import Any
 
 import structlog
 
-from appservice.api import MatrixError
 from appservice.intent import Intent
 
 from .. import carrier
@@ -56,6 +55,7 @@ from ..envelope import (
 )
 from ..identity.assertion import asserted_domains
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from ..routing_table import RoutingTable
 from ..services.base import MnService, Requester, ServiceReply
 from ..services.registry import domain_registry_address, is_service_address, node_addresses
@@ -251,17 +251,12 @@ class PeerFeeds:
             log.info("declining a peer's room failed", peer=peer.domain, error=str(exc))
 
     async def _join(self, room_id: str, peer: Peer) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self._bot.join(room_id)
-                break
-            except MatrixError as exc:
-                log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
-            except Exception as exc:  # noqa: BLE001 - the homeserver may be away: retry
-                log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+
+        def join_failed(exc: Exception, _delay: float) -> None:
+            # Refused, or the homeserver away: tried again either way.
+            log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
+
+        await retry(lambda: self._bot.join(room_id), Backoff(0.5, 30.0), on_retry=join_failed)
         await self._rooms.joined_from_peer(room_id, peer.domain)
         log.info("following a peer's room", peer=peer.domain, room=room_id)
         self._follow(room_id, peer, None)

@@ -22,6 +22,7 @@ import structlog
 
 from ..bounds import Bound, BoundRefused
 from ..identity.model import Identity
+from ..retry import Backoff, retry
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from ..storage.sessions import ClaimRow, HeldElsewhere
@@ -698,18 +699,15 @@ class SessionRegistry:
             # The stub has let the session go (its token dropped): if the database is away, the
             # release is tried again rather than left to the session's lifetime, during which a
             # tokenless connect of the runtime would be refused. Its next connect waits here.
-            waited, delay = 0.0, 0.25
-            while True:
-                try:
-                    await self._release(attachment.session)
-                    return True
-                except Exception as exc:
-                    if waited >= RELEASE_RETRY_SECONDS:
-                        raise
-                    log.warning("releasing a session failed; retrying", error=repr(exc))
-                await asyncio.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 5.0)
+            await retry(
+                lambda: self._release(attachment.session),
+                Backoff(0.25, 5.0),
+                deadline=asyncio.get_running_loop().time() + RELEASE_RETRY_SECONDS,
+                on_retry=lambda exc, _delay: log.warning(
+                    "releasing a session failed; retrying", error=repr(exc)
+                ),
+            )
+            return True
 
     async def release(self, session: Session) -> None:
         """`disconnect`, or expiry: forget the session and everything it owned. A connection
