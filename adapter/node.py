@@ -105,6 +105,7 @@ from .storage.transactions import SqlTransactionStore
 from .stub.acks import AckSender
 from .stub.endpoint import StubEndpoint
 from .stub_files import StubFiles
+from .tasks import BackgroundTasks
 from .web_endpoints import WebPages
 from .web_hosts import KnownHosts, url_host
 
@@ -195,7 +196,9 @@ class Node:
         self.policy = PolicyEngine(cfg.policy, self.rules)
         self.settlement = Settlement(self._checkpoints, self.metrics)
         self._acks = AckSender()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks(
+            "node", self.metrics.background_failures.labels("node").inc
+        )
         self._tokens = SessionTokens(cfg.stub.session_secret, cfg.stub.session_ttl_seconds)
         lifecycle = Lifecycle(
             added=[lambda s: self.table.add_runtime(s.id, s.runtime_url)],
@@ -628,9 +631,7 @@ class Node:
         self.settlement.forget(origin)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -954,9 +955,7 @@ class Node:
             await self._take_over.close()
         if self._shared_routes is not None:
             await self._shared_routes.close()
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._background.stop(cancel=False)
         await self._http.close()
         await self._peer_http.close()
         await self.db.dispose()

@@ -28,6 +28,7 @@ from .. import carrier
 from ..carrier import LaneEncoder
 from ..observability import NodeMetrics
 from ..retry import Backoff, retry
+from ..tasks import BackgroundTasks
 from .flow import PeerPace
 from .lanes import Outgoing, StreamOutbox
 from .peers import Peer, Peers
@@ -167,7 +168,9 @@ class Federation:
         self._on_refused = on_refused
         self._flow = (flow_window, flow_max_hold)
         self._links: dict[str, PeerLink] = {}
-        self._starting: set[asyncio.Task[None]] = set()
+        self._starting = BackgroundTasks(
+            "peer_links", metrics.background_failures.labels("peer_links").inc
+        )
 
     async def link(self, domain: str) -> PeerLink:
         """The stream to ``domain``; raises PeerRefused (403, 404, 504)."""
@@ -186,9 +189,7 @@ class Federation:
                     PeerPace(domain, *self._flow, self._metrics),
                     self._on_refused,
                 )
-                task = asyncio.create_task(link.start(), name=f"peer-link-{domain}")
-                self._starting.add(task)
-                task.add_done_callback(self._starting.discard)
+                self._starting.spawn(link.start(), name=f"peer-link-{domain}")
         return link
 
     @property
@@ -217,7 +218,6 @@ class Federation:
         await asyncio.gather(*(link.stream.flush(timeout) for link in self._links.values()))
 
     async def close(self) -> None:
-        for task in self._starting:
-            task.cancel()
+        await self._starting.stop()
         for link in self._links.values():
             await link.stream.close()

@@ -30,11 +30,10 @@ beyond is refused and counted).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import structlog
@@ -60,6 +59,7 @@ from ..routing_table import RoutingTable
 from ..services.base import MnService, Requester, ServiceReply
 from ..services.registry import domain_registry_address, is_service_address, node_addresses
 from ..storage.remote import RemoteSubscriptionStore
+from ..tasks import BackgroundTasks
 from .abroad import PEER_ORIGIN_PREFIX
 from .delivery import Delivery, passing
 from .federation import Federation, event_number
@@ -155,7 +155,9 @@ class PeerFeeds:
         # Subscriptions sent to peers, by request id, until they answer them.
         # Keyed by (peer domain, request id): only the peer a request went to confirms it.
         self._confirmations: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks(
+            "peer_traffic", metrics.background_failures.labels("peer_traffic").inc
+        )
         # Which of each peer's sender ids keep their marks (bounded: peer_origins.py).
         self._origins = PeerOrigins(
             peer_origin_prefixes,
@@ -165,10 +167,8 @@ class PeerFeeds:
         # One per peer domain (the configured peers): see _subscriptions_lock.
         self._subscription_locks: dict[str, asyncio.Lock] = {}
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._background.discard)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._background.spawn(coro)
 
     async def start(self, positions: dict[str, str]) -> None:
         """Follow every peer room this node joined before (within each peer's bound)."""
@@ -616,10 +616,7 @@ class PeerFeeds:
     async def close(self) -> None:
         for feed in self._feeds.values():
             await feed.close()
-        for task in list(self._background):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._background.stop()
 
 
 class PeersPushedElsewhere:

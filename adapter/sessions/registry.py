@@ -26,6 +26,7 @@ from ..retry import Backoff, retry
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from ..storage.sessions import ClaimRow, HeldElsewhere
+from ..tasks import BackgroundTasks
 from .eviction import EvictionOrder
 from .link import CLOSE_REPLACED, Link
 from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket
@@ -198,7 +199,8 @@ class SessionRegistry:
         # States to write (latest per session), by one background writer.
         self._states: dict[int, SessionState] = {}
         self._state_writer: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        # Failures are logged; this registry has no metrics to count them in.
+        self._background = BackgroundTasks("sessions")
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -644,9 +646,7 @@ class SessionRegistry:
             await attachment.link.close(1011, "resume failed")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     async def detach(self, attachment: Attachment) -> None:
         """The socket closed without `disconnect`: keep the session for a resume."""
