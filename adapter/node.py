@@ -59,7 +59,7 @@ from .ops.live_dashboard import LiveDashboard
 from .ops.tap import EventTap, TappedTransactions
 from .ops.worker import DashboardWorker
 from .policies.api import PolicyApi
-from .policies.engine import PolicyEngine as RuleEngine
+from .policies.engine import RuleEngine
 from .policies.store import PolicyStore
 from .retry import Backoff, retry
 from .routing.abroad import Abroad, DirectLinks, Onward, ThroughLanes
@@ -73,7 +73,7 @@ from .routing.lanes import Lane, Lanes, Outboxes
 from .routing.peer_requests import PeerSubscriptions, SubscriptionsThroughLanes
 from .routing.peer_traffic import PeerFeeds, PeersPushedElsewhere
 from .routing.peers import Peers
-from .routing.policy import PolicyEngine
+from .routing.policy import MessageGate
 from .routing.publisher import Publisher, node_origin
 from .routing.recovery import LaneRecovery
 from .routing.rooms import RoomDirectory
@@ -193,7 +193,7 @@ class Node:
         # The operator's rules, managed at run time through the policy API (stored).
         self.rules = RuleEngine()
         self._rule_store = PolicyStore(self.db, self.rules)
-        self.policy = PolicyEngine(cfg.policy, self.rules)
+        self.policy = MessageGate(cfg.policy, self.rules)
         self.settlement = Settlement(self._checkpoints, self.metrics)
         self._acks = AckSender()
         self._background = BackgroundTasks(

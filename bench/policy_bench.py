@@ -20,7 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapter.identity import Identity
-from adapter.policies import PolicyEngine, PolicyRequest, compile_element
+from adapter.policies import PolicyRequest, RuleEngine, compile_element
 
 USER = Identity("@alice:corp.example", "corp.example", "matrix", True, "@alice:corp.example")
 
@@ -56,7 +56,7 @@ def rule(i: int) -> dict[str, Any]:
 
 
 def measure(count: int, decisions: int = 20_000, rounds: int = 5) -> float:
-    engine = PolicyEngine(algorithm="deny-overrides")
+    engine = RuleEngine(algorithm="deny-overrides")
     for i in range(count):
         engine.put(compile_element(rule(i)))
     now = datetime(2026, 11, 24, 10, 15)

@@ -55,7 +55,7 @@ from .abroad import Abroad, remote_domains
 from .journal import Journal
 from .lanes import Outbox, Outboxes, Outgoing
 from .peers import PeerRefused
-from .policy import PolicyEngine
+from .policy import MessageGate
 
 log = structlog.get_logger(__name__)
 
@@ -124,7 +124,7 @@ class Ingress:
         outboxes: Outboxes,
         journal: Journal,
         routes: RouteStore,
-        policy: PolicyEngine,
+        policy: MessageGate,
         routed_through: Callable[[str], int],
         metrics: NodeMetrics,
         quotas: QuotaConfig,

@@ -75,7 +75,7 @@ from .peer_requests import (
     subscription_request,
 )
 from .peers import Peer, PeerRefused, Peers
-from .policy import PolicyEngine
+from .policy import MessageGate
 from .publisher import Publisher
 from .rooms import RoomDirectory
 from .settlement import Settlement, Ticket
@@ -122,7 +122,7 @@ class PeerFeeds:
         table: RoutingTable,
         monitor: AccessMonitor,
         remote: RemoteSubscriptionStore,
-        policy: PolicyEngine,
+        policy: MessageGate,
         publisher: Publisher,
         registry: MnService,
         metrics: NodeMetrics,

@@ -109,7 +109,7 @@ class Gauge(Protocol):
 @dataclass
 class Lifecycle:
     """Who else must know when a session appears, goes away, or its runtime comes and goes
-    (the routing table, the policy engine, the registry's presence)."""
+    (the routing table, the message gate, the registry's presence)."""
 
     added: list[Callable[[Session], None]] = field(default_factory=list)
     released: list[Callable[[Session], None]] = field(default_factory=list)

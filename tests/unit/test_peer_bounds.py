@@ -23,7 +23,7 @@ from adapter.envelope import parse
 from adapter.observability import NodeMetrics
 from adapter.routing.peer_traffic import PeerFeeds
 from adapter.routing.peers import Peer
-from adapter.routing.policy import PolicyEngine
+from adapter.routing.policy import MessageGate
 from adapter.routing_table import RoutingTable
 from adapter.storage.database import Database
 from adapter.storage.models import Base
@@ -55,7 +55,7 @@ def feeds(db: Database, table: RoutingTable, registry: CollectorRegistry) -> Pee
         table,
         AccessMonitor(A, table, (B,)),
         RemoteSubscriptionStore(db),
-        PolicyEngine(PolicyConfig()),
+        MessageGate(PolicyConfig()),
         nothing,
         nothing,
         NodeMetrics(registry),
@@ -211,7 +211,7 @@ def room_feeds(peer: Peer, bot: _Bot, registry: CollectorRegistry) -> PeerFeeds:
         table,
         AccessMonitor(A, table, (B,)),
         nothing,
-        PolicyEngine(PolicyConfig()),
+        MessageGate(PolicyConfig()),
         nothing,
         nothing,
         NodeMetrics(registry),
@@ -391,7 +391,7 @@ async def test_a_peers_minted_sender_ids_are_bounded_and_forgotten(db: Database)
         table,
         AccessMonitor(A, table, (B,)),
         nothing,
-        PolicyEngine(PolicyConfig()),
+        MessageGate(PolicyConfig()),
         nothing,
         nothing,
         metrics,

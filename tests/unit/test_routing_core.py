@@ -22,7 +22,7 @@ from adapter.routing.delivery import Delivery
 from adapter.routing.ingress import Ingress, ServiceDirectory
 from adapter.routing.journal import Journal
 from adapter.routing.lanes import Outgoing
-from adapter.routing.policy import PolicyEngine
+from adapter.routing.policy import MessageGate
 from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
@@ -348,7 +348,7 @@ def ingress_for(
         outboxes,
         Journal(None),
         Routes(),  # type: ignore[arg-type]
-        PolicyEngine(PolicyConfig(rules=list(rules))),
+        MessageGate(PolicyConfig(rules=list(rules))),
         lambda origin: marks.get(origin, 0),
         metrics(),
         quotas or QuotaConfig(),
