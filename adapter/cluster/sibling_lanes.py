@@ -25,7 +25,7 @@ from .. import carrier
 from ..observability import NodeMetrics
 from ..retry import Backoff
 from ..routing.delivery import Delivery
-from ..routing.federation import event_number
+from ..routing.numbering import event_number
 from ..routing.peer_feed import PeerFeed
 from ..routing.peers import Peer
 from ..routing.settlement import Settlement

@@ -48,8 +48,8 @@ from appservice.intent import Intent
 
 from .. import carrier
 from ..access import AccessMonitor
-from ..routing.federation import event_number
 from ..routing.lanes import Lane
+from ..routing.numbering import event_number
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session

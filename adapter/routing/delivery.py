@@ -116,7 +116,7 @@ class Delivery:
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq
         if ticket is not None:
-            ticket.sealed = True
+            ticket.seal()
             if ticket.event_id is not None:
                 self._journal.receipt(ticket.event_id, delivered)
         self._events_delivered.inc()

@@ -31,6 +31,7 @@ from ..retry import Backoff, retry
 from ..tasks import BackgroundTasks
 from .flow import PeerPace
 from .lanes import Outgoing, StreamOutbox
+from .numbering import RoomNumbering, event_number
 from .peers import Peer, Peers
 from .rooms import RoomDirectory
 from .stream import BatchStream, OnRefused, StreamLimits, Traffic
@@ -39,14 +40,6 @@ log = structlog.get_logger(__name__)
 
 # How long a new room to a peer holds its first events while the peer's node joins it.
 PEER_JOIN_WAIT_SECONDS = 10.0
-
-
-def event_number(content: Any) -> int:
-    """A peer event's number ``n``; 0 for one without a usable number (never delivered)."""
-    n = content.get("n") if isinstance(content, dict) else None
-    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= carrier.MAX_NUMBER:
-        return n
-    return 0
 
 
 # -- outbound -----------------------------------------------------------------------------------
@@ -70,7 +63,7 @@ class PeerLink(StreamOutbox):
         self._rooms = rooms
         self._bot = bot
         self.ready = asyncio.Event()
-        self._n = 0
+        self._numbers = RoomNumbering()
         self.pace = pace
         self.room_id: str | None = None  # this node's room for the peer, once known
         self.stream: BatchStream[Outgoing] = BatchStream(
@@ -88,7 +81,7 @@ class PeerLink(StreamOutbox):
         )
 
     def _header(self) -> dict[str, Any]:
-        return {"n": self._n + 1, **self.pace.asks()}
+        return {"n": self._numbers.next, **self.pace.asks()}
 
     async def _target(self, refresh: bool) -> tuple[Intent, str]:
         intent, self.room_id = await self._rooms.to_peer(self.peer.domain, self.peer.bot, refresh)
@@ -96,8 +89,7 @@ class PeerLink(StreamOutbox):
 
     def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
         # Persisted on this node's homeserver: federation takes it from here, retrying.
-        self._n += 1
-        self.pace.sent(self._n, event_id, len(batch))
+        self.pace.sent(self._numbers.persisted(), event_id, len(batch))
         for item in batch:
             item.done()
 
@@ -113,8 +105,9 @@ class PeerLink(StreamOutbox):
                 limit=1,
                 event_filter={"types": [carrier.BATCH_EVENT], "senders": [self._bot.user_id]},
             )
-            self._n = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
-            self.pace.start_at(self._n)
+            last = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
+            self._numbers.continue_from(last)
+            self.pace.start_at(last)
 
         def not_ready(exc: Exception, _delay: float) -> None:
             # The homeserver may not be up yet.
@@ -123,7 +116,7 @@ class PeerLink(StreamOutbox):
         await retry(open_room, Backoff(0.25, 2.0), on_retry=not_ready)
         await self._await_peer_join()
         self.ready.set()
-        log.info("peer link ready", peer=self.peer.domain, last_event=self._n)
+        log.info("peer link ready", peer=self.peer.domain, last_event=self._numbers.last)
 
     async def _await_peer_join(self) -> None:
         """Hold the first events until the peer's bot has joined (at once for a room it is

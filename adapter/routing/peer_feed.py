@@ -34,8 +34,8 @@ from appservice.intent import Intent
 from .. import carrier
 from ..observability import NodeMetrics
 from ..retry import Backoff, retry
-from .federation import event_number
 from .flow import CONFIRM_NOW, LEGACY_CONFIRM_EVERY, confirm_interval
+from .numbering import event_number
 from .peers import Peer
 
 log = structlog.get_logger(__name__)

@@ -62,9 +62,10 @@ from ..storage.remote import RemoteSubscriptionStore
 from ..tasks import BackgroundTasks
 from .abroad import PEER_ORIGIN_PREFIX
 from .delivery import Delivery, passing
-from .federation import Federation, event_number
+from .federation import Federation
 from .inbound import RetryTransaction
 from .lanes import Outbox, Outgoing
+from .numbering import event_number
 from .peer_feed import PeerFeed
 from .peer_origins import PeerOrigins
 from .peer_requests import (
@@ -397,7 +398,7 @@ class PeerFeeds:
                 await relay.wait_for_room(size, RELAY_ROOM_SECONDS)
             ticket.hold()
             relay.push(Outgoing(admitted, 0, settles=ticket))
-        ticket.sealed = True
+        ticket.seal()
 
     def _admit(self, peer: Peer, routed: Routed) -> Routed | None:
         """The message as it is delivered here, or None: the node answers or acts on it

@@ -47,6 +47,12 @@ class Ticket:
     def release(self) -> None:
         self.pending -= 1
 
+    def seal(self) -> None:
+        """Every message of the event has been handed on (or, for an event that kept failing,
+        given up on): it is settled once the deliveries it holds are. The one place a ticket
+        is sealed; delivery, the lanes' give-up and the relay of peers' events call it."""
+        self.sealed = True
+
     @property
     def settled(self) -> bool:
         return self.sealed and self.pending <= 0

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from adapter import carrier
 from adapter.node import Node
 from adapter.routing import peer_feed
-from adapter.routing.federation import event_number
+from adapter.routing.numbering import event_number
 from adapter.storage import migrate
 from appservice.api import HomeserverClient, MatrixError
 from appservice.intent import AppserviceAPI, Intent

@@ -338,7 +338,7 @@ class _Delivery:
         for message in routed:
             self.marks[message.sender.origin] = message.oseq
             ticket.marks[message.sender.origin] = message.oseq
-        ticket.sealed = True
+        ticket.seal()
 
 
 def minted(n: int, first: int) -> dict[str, Any]:
