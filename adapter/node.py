@@ -627,7 +627,7 @@ class Node:
         asyncio.get_running_loop().call_later(RETIRED_ORIGIN_SECONDS, self._forget_origin, origin)
 
     def _forget_origin(self, origin: str) -> None:
-        self.delivery.marks.pop(origin, None)
+        self.delivery.forget(origin)
         self.settlement.forget(origin)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -774,7 +774,7 @@ class Node:
             self._to_peers.begin(epoch)
         marks = await self._checkpoints.marks()
         self.settlement.restore(marks)
-        self.delivery.marks.update(marks)
+        self.delivery.restore(marks)
         if self.peer_feeds is not None:
             # What peers' senders left is held to their bounds (it is theirs to mint).
             self.peer_feeds.restore_marks(list(marks))

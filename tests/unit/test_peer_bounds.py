@@ -334,6 +334,9 @@ class _Delivery:
     def __init__(self) -> None:
         self.marks: dict[str, int] = {}
 
+    def forget(self, origin: str) -> None:
+        self.marks.pop(origin, None)
+
     async def deliver(self, routed: Any, ticket: Any, admit: Any = None) -> None:
         for message in routed:
             self.marks[message.sender.origin] = message.oseq
