@@ -239,6 +239,7 @@ class Lane(StreamOutbox):
         that it does not hold the lane's position back for ever (a restart of the node
         replays it from the room), and counted."""
         attempt = 0
+        waiting = Backoff(0.2, PASSING_WAIT_MAX)
         while True:
             attempt += 1
             try:
@@ -247,7 +248,7 @@ class Lane(StreamOutbox):
             except Exception as exc:
                 if passing(exc):
                     log.warning("delivery of a lane event waits", lane=self.index, error=repr(exc))
-                    await asyncio.sleep(min(0.1 * 2**attempt, PASSING_WAIT_MAX))
+                    await waiting.wait()
                     continue
                 log.exception("delivery of a lane event failed", lane=self.index, attempt=attempt)
                 if attempt >= DELIVERY_ATTEMPTS:
