@@ -1,4 +1,4 @@
-"""`bench/run.py --quick` runs end to end: every scenario against the node, the relay and the
+"""`python -m bench.run --quick` runs end to end: every scenario against the node, the relay and the
 bare pipeline, the crowd and the two federating domains included, nothing lost. (The figures
 themselves are the benchmark's business, not a test's.)"""
 
