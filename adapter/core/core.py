@@ -38,7 +38,7 @@ from ..observability import (
     watch_event_loop,
     watch_garbage_collector,
 )
-from ..policies.engine import PolicyEngine as RuleEngine
+from ..policies.engine import RuleEngine
 from ..policies.store import PolicyStore
 from ..routing.bounce import Bounce
 from ..routing.delivery import Delivery
@@ -47,7 +47,7 @@ from ..routing.ingress import Ingress, ServiceDirectory
 from ..routing.journal import Journal
 from ..routing.lanes import Lane, Lanes, Outboxes
 from ..routing.local_origins import LocalOrigins, is_local
-from ..routing.policy import PolicyEngine
+from ..routing.policy import MessageGate
 from ..routing.publisher import Publisher, node_origin
 from ..routing.recovery import LaneRecovery
 from ..routing.rooms import RoomDirectory
@@ -198,7 +198,7 @@ class Core:
         # The operator's rules, managed at run time through the policy API (stored).
         self.rules = RuleEngine()
         self.rule_store = PolicyStore(self.db, self.rules)
-        self.policy = PolicyEngine(cfg.policy, self.rules)
+        self.policy = MessageGate(cfg.policy, self.rules)
         self.settlement = Settlement(self.checkpoints, self.metrics)
         self.acks = AckSender()
         self._background: set[asyncio.Task[None]] = set()
@@ -495,7 +495,7 @@ class Core:
     def _drop_local_origins(self, origins: list[str]) -> None:
         """Those sender ids' marks go, from memory and (at the next checkpoint) the database."""
         for origin in origins:
-            self.delivery.marks.pop(origin, None)
+            self.delivery.forget(origin)
         self.settlement.let_go(origins)
 
     def restore_local_origins(self, marks: dict[str, int]) -> None:

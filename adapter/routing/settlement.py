@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable
 import structlog
 
 from ..observability import NodeMetrics
+from ..retry import Backoff
 from ..sessions.mailbox import Entry, Mailbox
 from ..storage.checkpoints import CheckpointStore
 
@@ -45,6 +46,12 @@ class Ticket:
 
     def release(self) -> None:
         self.pending -= 1
+
+    def seal(self) -> None:
+        """Every message of the event has been handed on (or, for an event that kept failing,
+        given up on): it is settled once the deliveries it holds are. The one place a ticket
+        is sealed; delivery, the lanes' give-up and the relay of peers' events call it."""
+        self.sealed = True
 
     @property
     def settled(self) -> bool:
@@ -158,15 +165,14 @@ class Settlement:
     async def run(self) -> None:
         """Checkpoint every ``interval`` while there is something to write; while the database
         fails, back off (up to 5 s) rather than hammer it."""
-        delay = self._interval
+        backoff = Backoff(self._interval, max(self._interval, 5.0))
         while True:
-            await asyncio.sleep(delay)
+            await backoff.wait()
             try:
                 await self.checkpoint()
-                delay = self._interval
+                backoff.reset()
             except Exception as exc:  # noqa: BLE001 - logged; the next round tries again
-                log.warning("checkpoint failed; retrying", error=repr(exc), retry_in=delay)
-                delay = min(delay * 2, 5.0)
+                log.warning("checkpoint failed; retrying", error=repr(exc), retry_in=backoff.delay)
 
     async def checkpoint(self, final: bool = False) -> None:
         """Write one checkpoint. ``final`` (at shutdown) stores everything not acknowledged."""
