@@ -76,6 +76,7 @@ from ..storage.sessions import SessionStore
 from ..storage.transactions import SqlTransactionStore
 from ..stub.acks import AckSender
 from ..stub.endpoint import StubEndpoint
+from ..tasks import BackgroundTasks
 from .hooks import Feature, Hooks
 from .listeners import Listeners, appservice_app, stub_app
 from .state import load_state
@@ -201,7 +202,9 @@ class Core:
         self.policy = MessageGate(cfg.policy, self.rules)
         self.settlement = Settlement(self.checkpoints, self.metrics)
         self.acks = AckSender()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks(
+            "node", self.metrics.background_failures.labels("node").inc
+        )
         self.tokens = SessionTokens(cfg.stub.session_secret, cfg.stub.session_ttl_seconds)
 
     def _build_sessions(self) -> SessionRegistry:
@@ -514,9 +517,7 @@ class Core:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background; the stop waits for it."""
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     # -- start and stop -----------------------------------------------------------------------
 
@@ -606,9 +607,7 @@ class Core:
         await self.listeners.cleanup()
         for feature in self.features:
             await feature.stop()
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._background.stop(cancel=False)
         await self.http.close()
         await self.peer_http.close()
         await self.db.dispose()
