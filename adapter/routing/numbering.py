@@ -1,5 +1,6 @@
 """The numbering of the events this node writes into a room: the lanes (lanes.py) and the links
-to peer domains (federation.py) number theirs the same way, here.
+to peer domains (federation/links.py) number theirs the same way, here; the lanes' and peers'
+readers (federation/, cluster/) read the numbers back with ``event_number``.
 
 An event carries ``n``, one more than the last event this node persisted in that room, so a
 reader sees a gap (an event not yet fetched, or lost) as a missing number. A number counts once
