@@ -115,21 +115,12 @@ class Settlement:
         self.settled_marks: dict[str, int] = {}
         self._positions_due: dict[str, str] = {}
         self._marks_due: set[str] = set()
-        self._forget_after_write: set[str] = set()
         # Origins let go for good whose rows are deleted at the next checkpoint.
         self._rows_dropped: set[str] = set()
         self._lock = asyncio.Lock()
 
     def restore(self, marks: dict[str, int]) -> None:
         self.settled_marks = dict(marks)
-
-    def forget(self, origin: str) -> None:
-        """An origin that carries no more messages: its mark leaves memory (once written; the
-        database keeps it until the maintenance prunes it)."""
-        if origin in self._marks_due:
-            self._forget_after_write.add(origin)
-        else:
-            self.settled_marks.pop(origin, None)
 
     def drop(self, origins: Collection[str], rooms: Iterable[str] = ()) -> None:
         """Origins whose marks are let go for good (a peer's senders beyond its bound, or idle
@@ -143,7 +134,6 @@ class Settlement:
         for origin in origins:
             self.settled_marks.pop(origin, None)
             self._marks_due.discard(origin)
-            self._forget_after_write.discard(origin)
         self._rows_dropped.update(origins)
 
     def let_go(self, origins: Collection[str]) -> None:
@@ -223,9 +213,6 @@ class Settlement:
                 del self._positions_due[room]
         self._marks_due.difference_update(marks)
         self._rows_dropped.difference_update(dropped)
-        for origin in self._forget_after_write & marks.keys():
-            self.settled_marks.pop(origin, None)
-        self._forget_after_write.difference_update(marks)
 
     def awaiting_acknowledgements(self) -> bool:
         """Whether a live stub has deliveries it has not acknowledged yet."""
