@@ -490,12 +490,3 @@ def media_kind(content: Any) -> str:
     if isinstance(content, dict) and "media" in content:
         return "media"
     return "packed" if isinstance(content, dict) and "packed" in content else "inline"
-
-
-def event_number(content: Any) -> int:
-    """A numbered room event's number ``n`` (a lane's or a peer's); 0 for one without a usable
-    number (never delivered)."""
-    n = content.get("n") if isinstance(content, dict) else None
-    if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_NUMBER:
-        return n
-    return 0

@@ -137,6 +137,13 @@ class NodeMetrics:
             "grows is a leak.",
             registry=registry,
         )
+        self.background_failures = Counter(
+            "rethink_mn_background_task_failures_total",
+            "Background tasks that ended in an exception, by whose they were (each is logged "
+            "as `background task failed` with its traceback): a bug, or an outage not retried.",
+            ["tasks"],
+            registry=registry,
+        )
         self.loop_lag = Histogram(
             "rethink_mn_event_loop_lag_seconds",
             "How late the event loop woke a timer (sampled 10 times a second): whatever holds "

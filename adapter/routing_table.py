@@ -4,6 +4,10 @@ Built from the database at start and kept in step by the services that change it
 subscription manager, sessions), so deciding a destination never waits for the database. It
 holds facts only: the rules on them (who may speak from, receive at or subscribe to an address)
 are the reference monitor's (access.py).
+
+It lives beside ``routing/``, not in it, on purpose: the reference monitor (access.py) and the
+services read it, and they sit below ``adapter.routing`` in the package layers (pyproject's
+[tool.importlinter]), so inside that package it would be out of their reach.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Spark vs DuckDB on synthetic room-event exports of 1M and 10M rows.
 
-    .venv/bin/python bench/analytics_bench.py            # 1M and 10M rows
-    .venv/bin/python bench/analytics_bench.py --quick    # 10k and 100k rows, a smoke run
+    .venv/bin/python -m bench.analytics_bench            # 1M and 10M rows
+    .venv/bin/python -m bench.analytics_bench --quick    # 10k and 100k rows, a smoke run
 
 Exports are generated once and cached (`--data-dir`, default bench/results/analytics-data/,
 git-ignored). One Spark session runs the job on each size in turn (its start-up is timed on its
@@ -15,26 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+import duckdb
+import pyarrow.parquet as pq
+import pyspark
+
+from adapter.analytics.job import build_spark, run_analysis
+from adapter.analytics.names import AGGREGATE_NAMES
+from bench.analytics_duckdb import run_duckdb
+from bench.provenance import Source, write_results
+from tests.support.synthetic.export import SyntheticSpec, generate_export
+
 REPO: Final = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-import duckdb  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import pyspark  # noqa: E402
-from analytics_duckdb import run_duckdb  # noqa: E402
-from provenance import Source, write_results  # noqa: E402
-
-from adapter.analytics.job import build_spark, run_analysis  # noqa: E402
-from adapter.analytics.names import AGGREGATE_NAMES  # noqa: E402
-from tests.support.synthetic.export import SyntheticSpec, generate_export  # noqa: E402
 
 GENERATOR_VERSION: Final = 1
 """Bump when the generator's output changes, so cached exports are made again."""

@@ -1,7 +1,7 @@
 """The analytics job on local mode, a standalone cluster and Spark Connect, side by side.
 
-    .venv/bin/python bench/analytics_modes.py                 # 10M rows
-    .venv/bin/python bench/analytics_modes.py --rows 100000   # a quick look
+    .venv/bin/python -m bench.analytics_modes                 # 10M rows
+    .venv/bin/python -m bench.analytics_modes --rows 100000   # a quick look
 
 One synthetic export (cached, as in analytics_bench.py), the job's command line run once per
 mode on this machine, with the same shuffle partitions in each: `local[*]`; a standalone
@@ -28,18 +28,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-REPO: Final = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from analytics_bench import RESULTS, _compare, _export  # noqa: E402
-from provenance import Source, write_results  # noqa: E402
-
-from tests.support.spark_cluster import (  # noqa: E402
+from bench.analytics_bench import RESULTS, _compare, _export
+from bench.provenance import Source, write_results
+from tests.support.spark_cluster import (
     connect_server,
     spark_env,
     standalone_cluster,
 )
+
+REPO: Final = Path(__file__).resolve().parents[1]
 
 CORES: Final = os.cpu_count() or 1
 

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from fault_check import Arrival, Attempt, check
 from prometheus_client.parser import text_string_to_metric_families
+
+from bench.fault_check import Arrival, Attempt, check
 
 BENCH = Path(__file__).resolve().parent
 RECONNECT_P99_LIMIT_MS = 200.0

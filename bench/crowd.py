@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
-import dashboard_watch
+
+from bench import dashboard_watch
 
 BENCH = Path(__file__).resolve().parent
 TICKS = os.sysconf("SC_CLK_TCK")

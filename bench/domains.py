@@ -52,14 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bare import BarePipeline
-from crowd import Cell, carrier_figures, node_counters, run_cell, tree_cpu_seconds
-from databases import fresh_database
-
 from adapter.localstack.federation import federating, server_name_for, start_homeservers
 from adapter.localstack.synapse import SynapseProcess, SynapseSettings, free_port
 from adapter.private_files import dump_private_yaml, private_dir
 from appservice.registration import build_registration
+from bench.bare import BarePipeline
+from bench.crowd import Cell, carrier_figures, node_counters, run_cell, tree_cpu_seconds
+from bench.databases import fresh_database
 
 ROOT = Path(__file__).resolve().parents[1]
 DOMAINS = ("a.bench.local", "b.bench.local")

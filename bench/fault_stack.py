@@ -30,25 +30,23 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from adapter.localstack.federation import federating, server_name_for  # noqa: E402
-from adapter.localstack.homeserver_database import (  # noqa: E402
+from adapter.localstack.federation import federating, server_name_for
+from adapter.localstack.homeserver_database import (
     drop_homeserver_database,
     ensure_homeserver_database,
 )
-from adapter.localstack.nodes import STARTED  # noqa: E402
-from adapter.localstack.synapse import (  # noqa: E402
+from adapter.localstack.nodes import STARTED
+from adapter.localstack.synapse import (
     SynapseProcess,
     SynapseSettings,
     free_port,
     write_homeserver_config,
 )
-from adapter.localstack.workers import WorkerLayout  # noqa: E402
-from adapter.private_files import dump_private_yaml  # noqa: E402
-from appservice.registration import build_registration  # noqa: E402
+from adapter.localstack.workers import WorkerLayout
+from adapter.private_files import dump_private_yaml
+from appservice.registration import build_registration
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DOMAIN = "faults.local"
 SERVER_NAME = "faults.local"

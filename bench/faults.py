@@ -1,10 +1,10 @@
 """The fault-injection suite: zero loss, zero duplicates, order kept, under every fault?
 
-    .venv/bin/python bench/faults.py                       # every scenario, SQLite (~9 min)
-    .venv/bin/python bench/faults.py --database postgresql
-    .venv/bin/python bench/faults.py --quick               # every scenario, smaller (what CI runs)
-    .venv/bin/python bench/faults.py --scenario node-sigkill,monkey --seed 7
-    .venv/bin/python bench/faults.py --stub plain          # what a third-party stub's runtime gets
+    .venv/bin/python -m bench.faults                       # every scenario, SQLite (~9 min)
+    .venv/bin/python -m bench.faults --database postgresql
+    .venv/bin/python -m bench.faults --quick               # every scenario, smaller (what CI runs)
+    .venv/bin/python -m bench.faults --scenario node-sigkill,monkey --seed 7
+    .venv/bin/python -m bench.faults --stub plain          # what a third-party stub's runtime gets
 
 Every scenario runs on a fresh stack of real processes: Synapse (its own data dir), the node
 (``rethink-mn run``, generated config, fresh database), and a TCP proxy (in this process) in
@@ -94,10 +94,10 @@ from rich.console import Console
 from rich.table import Table
 from ruamel.yaml import YAML
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from fault_check import (  # noqa: E402
+from adapter.localstack.federation import server_name_for
+from adapter.localstack.synapse import ensure_synapse_installed, free_port
+from adapter.private_files import dump_private_yaml
+from bench.fault_check import (
     FAILURES,
     Arrival,
     Attempt,
@@ -108,7 +108,7 @@ from fault_check import (  # noqa: E402
     percentile,
     recovery_times,
 )
-from fault_stack import (  # noqa: E402
+from bench.fault_stack import (
     DOMAIN,
     Database,
     Homeserver,
@@ -121,11 +121,9 @@ from fault_stack import (  # noqa: E402
     postgres_reachable,
     write_node_config,
 )
-from provenance import Source, write_results  # noqa: E402
+from bench.provenance import Source, write_results
 
-from adapter.localstack.federation import server_name_for  # noqa: E402
-from adapter.localstack.synapse import ensure_synapse_installed, free_port  # noqa: E402
-from adapter.private_files import dump_private_yaml  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 

@@ -42,7 +42,6 @@ import contextlib
 import itertools
 import json
 import random
-import sys
 import time
 import warnings
 from collections import Counter
@@ -51,9 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import hostile_crowd
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import hostile_crowd
+
 RATE = 100.0  # hostile frames per second
 # What Client.request returns when no answer came: the client's own socket closed first, or
 # the node stayed silent on an open socket. Neither is an answer of the node.
@@ -66,7 +65,6 @@ FUZZ_FRAMES = 600
 
 def fuzz_frames(known: list[str], count: int = FUZZ_FRAMES) -> list[str]:
     """Frames drawn from the fuzzer's grammar (Hypothesis' strategies, drawn outside a test)."""
-    sys.path.insert(0, str(ROOT))
     from hypothesis.errors import NonInteractiveExampleWarning
 
     from tests.support.grammar import frames
@@ -468,7 +466,7 @@ async def run_group(
     say: Callable[[str], None],
     quick: bool = False,
 ) -> None:
-    import crowd
+    from bench import crowd
 
     senders, rate, seconds = QUICK_CELL if quick else FULL_CELL
     cell = crowd.Cell(senders, rate, duration=seconds, warmup=2.0 if quick else 5.0)
@@ -642,7 +640,7 @@ def print_report(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]], con
         if "error" in r:
             table.add_row(r["test"], f"[red]failed: {r['error']}")
             continue
-        import crowd
+        from bench import crowd
 
         text = crowd.cell_text(r)
         cpu = r["cpu_pct"]

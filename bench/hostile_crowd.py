@@ -110,7 +110,7 @@ class Crowd:
     rss: list[float] = field(default_factory=list)
 
     async def run(self, start_at: float, seconds: float) -> dict[str, Any]:
-        from hostile import Client  # the bench's stub client (v1 handshake)
+        from bench.hostile import Client  # the bench's stub client (v1 handshake)
 
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as http:
@@ -194,7 +194,7 @@ class Crowd:
             await asyncio.sleep(1 / POISON_PER_S)
 
     async def _flood(self, http: aiohttp.ClientSession, until: float) -> None:
-        from hostile import Client
+        from bench.hostile import Client
 
         pending: set[asyncio.Task[None]] = set()
         tag = os.urandom(3).hex()

@@ -1,6 +1,6 @@
 """Microbenchmark of the policy engine: microseconds per decision for 10 and 100 rules.
 
-    .venv/bin/python bench/policy_bench.py
+    .venv/bin/python -m bench.policy_bench
 
 The rules mix the operators operators write (like on user names and addresses, in on action
 types, time windows, boolean structure). Under deny-overrides every rule is evaluated when none
@@ -11,16 +11,12 @@ its PolicyRequest, as the node does per message.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from adapter.identity import Identity
-from adapter.policies import PolicyEngine, PolicyRequest, compile_element
+from adapter.policies import PolicyRequest, RuleEngine, compile_element
 
 USER = Identity("@alice:corp.example", "corp.example", "matrix", True, "@alice:corp.example")
 
@@ -56,7 +52,7 @@ def rule(i: int) -> dict[str, Any]:
 
 
 def measure(count: int, decisions: int = 20_000, rounds: int = 5) -> float:
-    engine = PolicyEngine(algorithm="deny-overrides")
+    engine = RuleEngine(algorithm="deny-overrides")
     for i in range(count):
         engine.put(compile_element(rule(i)))
     now = datetime(2026, 11, 24, 10, 15)

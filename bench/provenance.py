@@ -13,7 +13,7 @@ Files in docs/results/ written before this existed lack it; ``index`` records wh
 of them honestly (the commit that added each file to the repository, which is not necessarily
 the commit measured, and the command where the file itself recorded one):
 
-    .venv/bin/python bench/provenance.py docs/results    # writes docs/results/sources.json
+    .venv/bin/python -m bench.provenance docs/results    # writes docs/results/sources.json
 """
 
 from __future__ import annotations
@@ -49,11 +49,15 @@ def _load() -> list[float]:
 
 def command_line(argv: list[str] | None = None) -> str:
     """The command as typed from the repository's root: the interpreter (relative to the root
-    when it is inside), the script and its arguments (``argv`` when main() was given them)."""
+    when it is inside), the script (``-m bench.X`` for a module of this package run as one)
+    and its arguments (``argv`` when main() was given them)."""
     executable = Path(sys.executable)
     with_root = executable.is_relative_to(ROOT)
     interpreter = str(executable.relative_to(ROOT)) if with_root else executable.name
-    return shlex.join([interpreter, sys.argv[0], *(sys.argv[1:] if argv is None else argv)])
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = getattr(spec, "name", "")
+    script = ["-m", module] if module.startswith("bench.") else [sys.argv[0]]
+    return shlex.join([interpreter, *script, *(sys.argv[1:] if argv is None else argv)])
 
 
 @dataclass
@@ -143,7 +147,7 @@ def _recorded(data: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: bench/provenance.py RESULTS_FOLDER", file=sys.stderr)
+        print("usage: python -m bench.provenance RESULTS_FOLDER", file=sys.stderr)
         return 2
     folder = Path(argv[0]).resolve()
     target = folder / INDEX

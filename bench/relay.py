@@ -5,7 +5,7 @@ and the homeserver: same stub endpoint, same MN services with the same durable d
 same routing table and mailboxes, no homeserver in between. What separates its figures from the
 node's is exactly the cost of routing through Matrix.
 
-    python bench/relay.py -c relay-config.yaml
+    python -m bench.relay -c relay-config.yaml
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 from collections import deque
 from pathlib import Path
 
 import uvloop
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapter.config import load_config
 from adapter.node import Node

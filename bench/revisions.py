@@ -3,10 +3,11 @@
 A reshaping that should change nothing (issue 44) is checked by running the same benchmark on
 the code before and after it, alternately (base, head, base, head, ...) so that whatever else
 the machine does falls on both alike, and comparing the medians. Each revision runs its own
-bench/run.py from a checkout of its own (a git worktree made for the run, removed after), with
-the same interpreter, virtual environment and Node.js modules as this checkout:
+benchmark (bench/run.py) from a checkout of its own (a git worktree made for the run, removed
+after), with the same interpreter, virtual environment and Node.js modules as this checkout. Run
+it as a module from the repository's root:
 
-    .venv/bin/python bench/revisions.py --base 043b097 --rounds 2 -- \\
+    .venv/bin/python -m bench.revisions --base 043b097 --rounds 2 -- \\
         --only crowd --crowd 200,5 --crowd-targets node
 
 prints, for each figure the rows share (latency percentiles, the node's CPU per message, lost,
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from provenance import Source, write_results
+from bench.provenance import Source, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 # Figures compared, where a row has them: (name, how to read it from the row).
@@ -53,11 +54,19 @@ def _checkout(revision: str, into: Path) -> Path:
     return into
 
 
+def bench_command(checkout: Path) -> list[str]:
+    """How ``checkout`` runs its benchmark: as a module where bench/ is a package, by path in
+    a revision older than that (the base may be one)."""
+    if (checkout / "bench" / "__init__.py").exists():
+        return [sys.executable, "-m", "bench.run"]
+    return [sys.executable, "bench/run.py"]
+
+
 def _run(checkout: Path, bench_args: list[str], out: Path) -> dict[str, Any]:
     # The checkout's own code: PYTHONPATH puts it before the virtual environment's editable
     # install of this checkout, for the benchmark and the node processes it starts.
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    command = [sys.executable, "bench/run.py", *bench_args, "--out", str(out)]
+    command = [*bench_command(checkout), *bench_args, "--out", str(out)]
     subprocess.run(command, cwd=checkout, env=env, check=True)
     loaded: dict[str, Any] = json.loads(out.read_text())
     return loaded

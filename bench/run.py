@@ -1,12 +1,12 @@
 """The benchmark: the node against reTHINK's evaluation, with same-run baselines.
 
-    .venv/bin/python bench/run.py            # full run (a few minutes)
-    .venv/bin/python bench/run.py --quick    # smoke run
-    .venv/bin/python bench/run.py --crowd 500,5,30   # one crowd cell (bench/crowd.py)
-    .venv/bin/python bench/run.py --database postgresql   # the node on PostgreSQL
-    .venv/bin/python bench/run.py --only federation   # two domains (bench/domains.py)
-    .venv/bin/python bench/run.py --only federation-crowd   # only its crowds across domains
-    .venv/bin/python bench/run.py --only federation-crowd --crowd 1000,1,20   # one of them
+    .venv/bin/python -m bench.run            # full run (a few minutes)
+    .venv/bin/python -m bench.run --quick    # smoke run
+    .venv/bin/python -m bench.run --crowd 500,5,30   # one crowd cell (bench/crowd.py)
+    .venv/bin/python -m bench.run --database postgresql   # the node on PostgreSQL
+    .venv/bin/python -m bench.run --only federation   # two domains (bench/domains.py)
+    .venv/bin/python -m bench.run --only federation-crowd   # only its crowds across domains
+    .venv/bin/python -m bench.run --only federation-crowd --crowd 1000,1,20   # one of them
 
 It starts its own Synapse (SQLite, loopback) and, as separate processes, the node and the
 ceiling baseline (bench/relay.py: the node's code with Matrix taken out). Load comes from
@@ -40,29 +40,28 @@ from rich.console import Console
 from rich.table import Table
 from ruamel.yaml import YAML
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import churn  # noqa: E402
-import crowd  # noqa: E402
-import domains  # noqa: E402
-import hostile  # noqa: E402
-from bare import BarePipeline  # noqa: E402
-from databases import KINDS, fresh_database  # noqa: E402
-from provenance import Source, write_results  # noqa: E402
-
-from adapter.localstack.homeserver_database import ensure_homeserver_database  # noqa: E402
-from adapter.localstack.synapse import (  # noqa: E402
+from adapter.localstack.homeserver_database import ensure_homeserver_database
+from adapter.localstack.synapse import (
     SynapseProcess,
     SynapseSettings,
     ensure_synapse_installed,
     free_port,
     write_homeserver_config,
 )
-from adapter.localstack.workers import WorkerLayout  # noqa: E402
-from adapter.private_files import dump_private_yaml  # noqa: E402
-from appservice.registration import build_registration  # noqa: E402
+from adapter.localstack.workers import WorkerLayout
+from adapter.private_files import dump_private_yaml
+from appservice.registration import build_registration
+from bench import (
+    churn,
+    crowd,
+    domains,
+    hostile,
+)
+from bench.bare import BarePipeline
+from bench.databases import KINDS, fresh_database
+from bench.provenance import Source, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DOMAIN = "bench.local"
 SERVER_NAME = "bench.local"

@@ -1,6 +1,6 @@
 """Records how long the test suite took: scripts/test.sh calls this after the suite has run.
 
-    .venv/bin/python bench/suite_time.py --suite-seconds S --total-seconds T --status N \
+    .venv/bin/python -m bench.suite_time --suite-seconds S --total-seconds T --status N \
         --load-at-start "L1 L5 L15" [--out FILE] -- <the suite's command>
 
 Prints the time and writes it, with the commit, the command and the machine's load
@@ -16,10 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.provenance import Source, write_results
 
-from provenance import Source, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def minutes(seconds: float) -> str:

@@ -1,6 +1,6 @@
 """What summing the live dashboard's window costs when it holds an hour of a crowd.
 
-    .venv/bin/python bench/window_merge.py [--generations 120] [--rows 60000] [--out FILE]
+    .venv/bin/python -m bench.window_merge [--generations 120] [--rows 60000] [--out FILE]
 
 One cycle's worth of synthetic export (`--rows`, 30 s of traffic) goes through the real
 incremental Spark job once (adapter/ops/live_state.py). Its generation is then copied
@@ -23,16 +23,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from adapter.analytics.aggregates import MINUTE_MS
+from adapter.analytics.job import build_spark, quiet
+from adapter.ops.live_state import CURRENT, LiveState
+from bench.provenance import Source, write_results
+from tests.support.synthetic.export import SyntheticSpec, generate_export
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from provenance import Source, write_results  # noqa: E402
-
-from adapter.analytics.aggregates import MINUTE_MS  # noqa: E402
-from adapter.analytics.job import build_spark, quiet  # noqa: E402
-from adapter.ops.live_state import CURRENT, LiveState  # noqa: E402
-from tests.support.synthetic.export import SyntheticSpec, generate_export  # noqa: E402
 
 
 def _shifted(source: Path, target: Path, minutes: int) -> None:

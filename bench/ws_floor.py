@@ -7,7 +7,7 @@ database, no Matrix, no acknowledgement. Its CPU per message is the least any no
 parts spends on the way in and out; what the node spends above it is its own (docs/benchmark.md,
 "The floor under the node's CPU").
 
-    python bench/ws_floor.py -c node-config.yaml
+    python -m bench.ws_floor -c node-config.yaml
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ import argparse
 import asyncio
 import itertools
 import signal
-import sys
 from pathlib import Path
 
 import orjson
 import uvloop
 from aiohttp import WSMsgType, web
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapter.config import load_config
 from adapter.stub.endpoint import HARD_LIMIT_FACTOR

@@ -62,7 +62,7 @@ status=0
 # The suite's own time, printed and written with the commit, the command and the machine's load
 # (bench/results/suite-*.json): the README's figure for it comes from such a file.
 now=$(date +%s)
-.venv/bin/python bench/suite_time.py --suite-seconds $((now - suite_started)) \
+.venv/bin/python -m bench.suite_time --suite-seconds $((now - suite_started)) \
   --total-seconds $((now - command_started)) --status "$status" \
   --load-at-start "$load_at_start" -- "${suite[@]}"
 exit "$status"

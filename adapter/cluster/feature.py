@@ -11,6 +11,7 @@ import structlog
 
 from ..core import Core
 from ..core.state import load_routes
+from ..retry import Backoff, retry
 from ..sessions.session import Session
 from ..storage.processes import ProcessStore
 from .membership import Membership
@@ -131,15 +132,13 @@ class ClusterFeature:
             self._on_struck,
             sends_on=federation.enabled and cluster.federates_here,
         )
-        delay = 0.25
-        while True:
-            try:
-                await membership.join([(lane.room_id or "", lane.last_number) for lane in lanes])
-                break
-            except Exception as exc:  # noqa: BLE001 - the database or homeserver away
-                log.warning("joining the domain's processes failed; retrying", error=repr(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        await retry(  # the database or homeserver may be away
+            lambda: membership.join([(lane.room_id or "", lane.last_number) for lane in lanes]),
+            Backoff(0.25, 5.0),
+            on_retry=lambda exc, _delay: log.warning(
+                "joining the domain's processes failed; retrying", error=repr(exc)
+            ),
+        )
         self.membership = membership
 
     # -- while running ------------------------------------------------------------------------

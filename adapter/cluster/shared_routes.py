@@ -23,6 +23,7 @@ import orjson
 import structlog
 from sqlalchemy import Connection, text
 
+from ..retry import Backoff
 from ..routing_table import RoutingTable
 from ..storage.database import Database
 from ..storage.processes import PROCESSES_CHANNEL, ROUTES_CHANNEL, application_name
@@ -68,7 +69,7 @@ class SharedRoutes:
                 await self._task
 
     async def _listen(self) -> None:
-        delay = 0.25
+        backoff = Backoff(0.25, RETRY_MAX_SECONDS)
         first = True
         while True:
             try:
@@ -80,7 +81,7 @@ class SharedRoutes:
                         # What was announced while nobody listened is not announced again.
                         await self._reload()
                     first = False
-                    delay = 0.25
+                    backoff.reset()
                     self.listening.set()
                     async for note in conn.notifies():
                         if note.channel == PROCESSES_CHANNEL:
@@ -92,8 +93,7 @@ class SharedRoutes:
             except Exception as exc:  # noqa: BLE001 - the database away: listen again
                 log.warning("listening for routing changes failed", error=repr(exc))
             self.listening.clear()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_SECONDS)
+            await backoff.wait()
 
     async def caught_up(self) -> None:
         """Until every change committed before now has reached the table (or a moment has

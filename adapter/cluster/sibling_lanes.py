@@ -22,11 +22,12 @@ import structlog
 from appservice.intent import Intent
 
 from .. import carrier
-from ..carrier import event_number
 from ..federation.peer_feed import PeerFeed
 from ..federation.peers import Peer
 from ..observability import NodeMetrics
+from ..retry import Backoff
 from ..routing.delivery import Delivery
+from ..routing.numbering import event_number
 from ..routing.settlement import Settlement
 
 log = structlog.get_logger(__name__)
@@ -187,7 +188,7 @@ class SiblingLanes:
         """Long-poll /sync and push each room's events into its feed. The first answer (no
         ``since``) carries each room's latest events, which its feed drops or holds by number."""
         since: str | None = None
-        delay = 0.25
+        backoff = Backoff(0.25, RETRY_MAX_SECONDS)
         while True:
             self._changed.clear()
             # A room followed meanwhile changes the filter: the poll in flight is dropped and
@@ -208,10 +209,9 @@ class SiblingLanes:
                 answer = request.result()
             except Exception as exc:  # noqa: BLE001 - the homeserver may be away: try again
                 log.warning("reading the other processes' lanes failed", error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                await backoff.wait()
                 continue
-            delay = 0.25
+            backoff.reset()
             since = answer["next_batch"]
             joined = answer.get("rooms", {}).get("join", {})
             if isinstance(joined, dict):

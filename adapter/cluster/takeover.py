@@ -34,7 +34,6 @@ If the gone process was only slow, its next heartbeat finds its row struck and i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import time
 from collections import OrderedDict
@@ -49,8 +48,8 @@ from appservice.intent import Intent
 
 from .. import carrier
 from ..access import AccessMonitor
-from ..carrier import event_number
 from ..routing.lanes import Lane
+from ..routing.numbering import event_number
 from ..sessions.mailbox import Parcel
 from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session
@@ -58,6 +57,7 @@ from ..storage.checkpoints import CheckpointStore
 from ..storage.pending import PendingStore
 from ..storage.processes import ProcessStore
 from ..storage.sessions import SessionStore
+from ..tasks import BackgroundTasks
 from .sibling_lanes import SiblingLanes
 
 log = structlog.get_logger(__name__)
@@ -114,7 +114,7 @@ class TakeOver:
         self._name = name
         self._lanes = lanes
         # Handovers waiting for what was read again for their sessions to settle.
-        self._finishing: set[asyncio.Task[None]] = set()
+        self._finishing = BackgroundTasks("takeover")
         self._rows = rows
         self._processes = processes
         self._checkpoints = checkpoints
@@ -241,9 +241,7 @@ class TakeOver:
         taking over from it reads again from the same place."""
         tickets = {session.id: ReadAgain() for session in sessions}
         self._sessions.adopted(sessions, before, tickets)
-        task = asyncio.create_task(self._finished(handovers, tickets), name="handovers-finished")
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
+        self._finishing.spawn(self._finished(handovers, tickets), name="handovers-finished")
 
     async def _finished(self, handovers: dict[int, str], tickets: dict[int, ReadAgain]) -> None:
         """Clear each handover once what was read again for its session is settled: at once
@@ -266,10 +264,7 @@ class TakeOver:
     async def close(self) -> None:
         """Stop waiting: a handover not finished stays in its row (a later take-over reads
         again from it, which costs a little more reading, never a message)."""
-        for task in list(self._finishing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._finishing.stop()
 
     def _after(self, rooms: dict[str, int]) -> None:
         """What the taken runtimes sent through the other process's lanes (up to these numbers)

@@ -38,7 +38,7 @@ from ..observability import (
     watch_event_loop,
     watch_garbage_collector,
 )
-from ..policies.engine import PolicyEngine as RuleEngine
+from ..policies.engine import RuleEngine
 from ..policies.store import PolicyStore
 from ..routing.bounce import Bounce
 from ..routing.delivery import Delivery
@@ -47,7 +47,7 @@ from ..routing.ingress import Ingress, ServiceDirectory
 from ..routing.journal import Journal
 from ..routing.lanes import Lane, Lanes, Outboxes
 from ..routing.local_origins import LocalOrigins, is_local
-from ..routing.policy import PolicyEngine
+from ..routing.policy import MessageGate
 from ..routing.publisher import Publisher, node_origin
 from ..routing.recovery import LaneRecovery
 from ..routing.rooms import RoomDirectory
@@ -76,6 +76,7 @@ from ..storage.sessions import SessionStore
 from ..storage.transactions import SqlTransactionStore
 from ..stub.acks import AckSender
 from ..stub.endpoint import StubEndpoint
+from ..tasks import BackgroundTasks
 from .hooks import Feature, Hooks
 from .listeners import Listeners, appservice_app, stub_app
 from .state import load_state
@@ -198,10 +199,12 @@ class Core:
         # The operator's rules, managed at run time through the policy API (stored).
         self.rules = RuleEngine()
         self.rule_store = PolicyStore(self.db, self.rules)
-        self.policy = PolicyEngine(cfg.policy, self.rules)
+        self.policy = MessageGate(cfg.policy, self.rules)
         self.settlement = Settlement(self.checkpoints, self.metrics)
         self.acks = AckSender()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks(
+            "node", self.metrics.background_failures.labels("node").inc
+        )
         self.tokens = SessionTokens(cfg.stub.session_secret, cfg.stub.session_ttl_seconds)
 
     def _build_sessions(self) -> SessionRegistry:
@@ -504,7 +507,7 @@ class Core:
     def _drop_local_origins(self, origins: list[str]) -> None:
         """Those sender ids' marks go, from memory and (at the next checkpoint) the database."""
         for origin in origins:
-            self.delivery.marks.pop(origin, None)
+            self.delivery.forget(origin)
         self.settlement.let_go(origins)
 
     def restore_local_origins(self, marks: dict[str, int]) -> None:
@@ -523,9 +526,7 @@ class Core:
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background; the stop waits for it."""
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     # -- start and stop -----------------------------------------------------------------------
 
@@ -615,9 +616,7 @@ class Core:
         await self.listeners.cleanup()
         for feature in self.features:
             await feature.stop()
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._background.stop(cancel=False)
         await self.http.close()
         await self.peer_http.close()
         await self.db.dispose()

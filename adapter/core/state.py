@@ -33,7 +33,7 @@ async def load_state(core: Core) -> None:
     core.publisher.begin(epoch)
     marks = await core.checkpoints.marks()
     core.settlement.restore(marks)
-    core.delivery.marks.update(marks)
+    core.delivery.restore(marks)
     for loaded in core.hooks.marks_loaded:
         loaded(epoch, marks)
     await core.rule_store.load()

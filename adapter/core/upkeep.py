@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy import text
 
+from ..retry import Backoff, retry
 from ..storage.clock import utcnow
 
 if TYPE_CHECKING:
@@ -26,16 +27,14 @@ EXPIRY_INTERVAL = 60.0
 async def ping_homeserver(core: Core) -> None:
     """Tell the homeserver we are up: it then retries its queued transactions at once
     instead of waiting out its back-off (up to minutes after an outage of the node)."""
-    delay = 1.0
-    while True:
-        try:
-            duration = await core.api.ping(core.config.appservice.id)
-            log.info("homeserver ping answered", round_trip_ms=duration)
-            return
-        except Exception as exc:  # noqa: BLE001 - keep trying; /health shows the state
-            log.warning("homeserver ping failed; retrying", error=str(exc), retry_in=delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 60.0)
+    duration = await retry(  # kept trying; /health shows the state meanwhile
+        lambda: core.api.ping(core.config.appservice.id),
+        Backoff(1.0, 60.0),
+        on_retry=lambda exc, delay: log.warning(
+            "homeserver ping failed; retrying", error=str(exc), retry_in=delay
+        ),
+    )
+    log.info("homeserver ping answered", round_trip_ms=duration)
 
 
 async def maintenance(core: Core) -> None:

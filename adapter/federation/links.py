@@ -25,12 +25,15 @@ from appservice.api import MatrixError
 from appservice.intent import Intent
 
 from .. import carrier
-from ..carrier import LaneEncoder, event_number
+from ..carrier import LaneEncoder
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from ..routing.flow import PeerPace
 from ..routing.lanes import Outgoing, StreamOutbox
+from ..routing.numbering import RoomNumbering, event_number
 from ..routing.rooms import RoomDirectory
 from ..routing.stream import BatchStream, OnRefused, StreamLimits, Traffic
+from ..tasks import BackgroundTasks
 from .peers import Peer, Peers
 
 log = structlog.get_logger(__name__)
@@ -60,7 +63,7 @@ class PeerLink(StreamOutbox):
         self._rooms = rooms
         self._bot = bot
         self.ready = asyncio.Event()
-        self._n = 0
+        self._numbers = RoomNumbering()
         self.pace = pace
         self.room_id: str | None = None  # this node's room for the peer, once known
         self.stream: BatchStream[Outgoing] = BatchStream(
@@ -78,7 +81,7 @@ class PeerLink(StreamOutbox):
         )
 
     def _header(self) -> dict[str, Any]:
-        return {"n": self._n + 1, **self.pace.asks()}
+        return {"n": self._numbers.next, **self.pace.asks()}
 
     async def _target(self, refresh: bool) -> tuple[Intent, str]:
         intent, self.room_id = await self._rooms.to_peer(self.peer.domain, self.peer.bot, refresh)
@@ -86,36 +89,34 @@ class PeerLink(StreamOutbox):
 
     def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
         # Persisted on this node's homeserver: federation takes it from here, retrying.
-        self._n += 1
-        self.pace.sent(self._n, event_id, len(batch))
+        self.pace.sent(self._numbers.persisted(), event_id, len(batch))
         for item in batch:
             item.done()
 
     async def start(self) -> None:
         """Find (or create) the room and continue its numbering, then open for sending."""
-        delay = 0.25
-        while True:
-            try:
-                _intent, room_id = await self._target(False)
-                await self._rooms.writer_only(room_id)
-                page = await self._bot.messages(
-                    room_id,
-                    direction="b",
-                    limit=1,
-                    event_filter={"types": [carrier.BATCH_EVENT], "senders": [self._bot.user_id]},
-                )
-                self._n = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
-                self.pace.start_at(self._n)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
-                log.warning("peer link not ready; retrying", peer=self.peer.domain, error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        async def open_room() -> None:
+            _intent, room_id = await self._target(False)
+            await self._rooms.writer_only(room_id)
+            page = await self._bot.messages(
+                room_id,
+                direction="b",
+                limit=1,
+                event_filter={"types": [carrier.BATCH_EVENT], "senders": [self._bot.user_id]},
+            )
+            last = max((event_number(e.get("content")) for e in page["chunk"]), default=0)
+            self._numbers.continue_from(last)
+            self.pace.start_at(last)
+
+        def not_ready(exc: Exception, _delay: float) -> None:
+            # The homeserver may not be up yet.
+            log.warning("peer link not ready; retrying", peer=self.peer.domain, error=str(exc))
+
+        await retry(open_room, Backoff(0.25, 2.0), on_retry=not_ready)
         await self._await_peer_join()
         self.ready.set()
-        log.info("peer link ready", peer=self.peer.domain, last_event=self._n)
+        log.info("peer link ready", peer=self.peer.domain, last_event=self._numbers.last)
 
     async def _await_peer_join(self) -> None:
         """Hold the first events until the peer's bot has joined (at once for a room it is
@@ -124,7 +125,7 @@ class PeerLink(StreamOutbox):
         the path of every event. Bounded, for a peer whose node is away: then its node finds
         those events reading the room when it joins."""
         deadline = asyncio.get_running_loop().time() + PEER_JOIN_WAIT_SECONDS
-        delay = 0.05
+        backoff = Backoff(0.05, 1.0)
         while asyncio.get_running_loop().time() < deadline:
             try:
                 _intent, room_id = await self._target(False)
@@ -132,8 +133,7 @@ class PeerLink(StreamOutbox):
                     return
             except MatrixError as exc:
                 log.warning("peer membership unknown", peer=self.peer.domain, error=str(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await backoff.wait()
         log.warning("peer has not joined yet; sending anyway", peer=self.peer.domain)
 
 
@@ -161,7 +161,9 @@ class Federation:
         self._on_refused = on_refused
         self._flow = (flow_window, flow_max_hold)
         self._links: dict[str, PeerLink] = {}
-        self._starting: set[asyncio.Task[None]] = set()
+        self._starting = BackgroundTasks(
+            "peer_links", metrics.background_failures.labels("peer_links").inc
+        )
 
     async def link(self, domain: str) -> PeerLink:
         """The stream to ``domain``; raises PeerRefused (403, 404, 504)."""
@@ -180,9 +182,7 @@ class Federation:
                     PeerPace(domain, *self._flow, self._metrics),
                     self._on_refused,
                 )
-                task = asyncio.create_task(link.start(), name=f"peer-link-{domain}")
-                self._starting.add(task)
-                task.add_done_callback(self._starting.discard)
+                self._starting.spawn(link.start(), name=f"peer-link-{domain}")
         return link
 
     @property
@@ -211,7 +211,6 @@ class Federation:
         await asyncio.gather(*(link.stream.flush(timeout) for link in self._links.values()))
 
     async def close(self) -> None:
-        for task in self._starting:
-            task.cancel()
+        await self._starting.stop()
         for link in self._links.values():
             await link.stream.close()

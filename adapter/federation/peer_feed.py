@@ -32,9 +32,10 @@ import structlog
 from appservice.intent import Intent
 
 from .. import carrier
-from ..carrier import event_number
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from ..routing.flow import CONFIRM_NOW, LEGACY_CONFIRM_EVERY, confirm_interval
+from ..routing.numbering import event_number
 from .peers import Peer
 
 log = structlog.get_logger(__name__)
@@ -117,23 +118,21 @@ class PeerFeed:
     async def _start(self) -> None:
         """Read what the room holds after the last event handled (everything, for a room just
         joined), then take pushed events."""
-        delay = 0.25
-        while True:
-            try:
-                if self._position is None:
-                    # Just joined: what the peer sent before the join is not on this server
-                    # yet, and reading backwards is what makes it fetch that history.
-                    await self._read_backward()
-                else:
-                    await self._read_forward()
-                await self._deliver_held()
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
-                log.warning("peer feed not ready; retrying", peer=self.peer.domain, error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        async def catch_up() -> None:
+            if self._position is None:
+                # Just joined: what the peer sent before the join is not on this server
+                # yet, and reading backwards is what makes it fetch that history.
+                await self._read_backward()
+            else:
+                await self._read_forward()
+            await self._deliver_held()
+
+        def not_ready(exc: Exception, _delay: float) -> None:
+            # The homeserver may not be up yet.
+            log.warning("peer feed not ready; retrying", peer=self.peer.domain, error=str(exc))
+
+        await retry(catch_up, Backoff(0.25, 2.0), on_retry=not_ready)
         self._ready.set()
         self.push([])
 
@@ -222,7 +221,7 @@ class PeerFeed:
             while self._queue:
                 self._take_queue()
                 await self._deliver_held()
-                delay = 0.25
+                backoff = Backoff(0.25, RETRY_MAX_SECONDS)
                 while self._held or self._seen > self._last_n:
                     # A gap: the events before the held ones are not here yet, or were let go.
                     if self._gap_since is None:
@@ -232,8 +231,7 @@ class PeerFeed:
                     else:
                         await self._find_missing()
                     if not await self._deliver_held():
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, RETRY_MAX_SECONDS)
+                        await backoff.wait()
                     self._take_queue()
                     await self._deliver_held()
         except asyncio.CancelledError:
@@ -357,28 +355,27 @@ class PeerFeed:
         Retrying is safe: what was delivered before the failure is not delivered again. The
         handler gets the deadline (the loop's clock) and ends its waits there."""
         deadline = asyncio.get_running_loop().time() + EVENT_RETRY_SECONDS
-        delay = 0.5
-        while True:
-            try:
-                await self._handle(event, deadline)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - judged below: retried, then skipped
-                if asyncio.get_running_loop().time() + delay > deadline:
-                    log.error(
-                        "a peer's event could not be handled; skipped",
-                        peer=self.peer.domain,
-                        event_id=event.get("event_id"),
-                        error=repr(exc),
-                    )
-                    self._metrics.peer_events.labels("skipped").inc()
-                    return
-                log.warning(
-                    "handling a peer's event failed; retrying",
-                    peer=self.peer.domain,
-                    error=repr(exc),
-                    retry_in=delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+
+        def retrying(exc: Exception, delay: float) -> None:
+            log.warning(
+                "handling a peer's event failed; retrying",
+                peer=self.peer.domain,
+                error=repr(exc),
+                retry_in=delay,
+            )
+
+        try:
+            await retry(
+                lambda: self._handle(event, deadline),
+                Backoff(0.5, RETRY_MAX_SECONDS),
+                deadline=deadline,
+                on_retry=retrying,
+            )
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline, then skipped
+            log.error(
+                "a peer's event could not be handled; skipped",
+                peer=self.peer.domain,
+                event_id=event.get("event_id"),
+                error=repr(exc),
+            )
+            self._metrics.peer_events.labels("skipped").inc()

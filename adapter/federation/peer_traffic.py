@@ -35,22 +35,20 @@ leaves those it is done with, never is.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import structlog
 
-from appservice.api import MatrixError
 from appservice.intent import Intent
 
 from .. import carrier
 from ..access import AccessMonitor
 from ..addresses import domain_of as address_domain
-from ..carrier import Routed, Sender, event_number
+from ..carrier import Routed, Sender
 from ..envelope import (
     MAX_ADDRESS_BYTES,
     InvalidMessage,
@@ -61,10 +59,12 @@ from ..envelope import (
 )
 from ..identity.assertion import asserted_domains
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from ..routing.delivery import Delivery, passing
 from ..routing.inbound import RetryTransaction
 from ..routing.lanes import Outbox, Outgoing
-from ..routing.policy import PolicyEngine
+from ..routing.numbering import event_number
+from ..routing.policy import MessageGate
 from ..routing.publisher import Publisher
 from ..routing.rooms import RoomDirectory
 from ..routing.settlement import Settlement, Ticket
@@ -73,6 +73,7 @@ from ..routing_table import RoutingTable
 from ..services.base import MnService, Requester, ServiceReply
 from ..services.registry import domain_registry_address, is_service_address, node_addresses
 from ..storage.remote import RemoteSubscriptionStore
+from ..tasks import BackgroundTasks
 from .links import Federation
 from .peer_feed import PeerFeed
 from .peer_origins import PeerOrigins
@@ -127,7 +128,7 @@ class PeerFeeds:
         table: RoutingTable,
         monitor: AccessMonitor,
         remote: RemoteSubscriptionStore,
-        policy: PolicyEngine,
+        policy: MessageGate,
         publisher: Publisher,
         registry: MnService,
         metrics: NodeMetrics,
@@ -160,7 +161,9 @@ class PeerFeeds:
         # Subscriptions sent to peers, by request id, until they answer them.
         # Keyed by (peer domain, request id): only the peer a request went to confirms it.
         self._confirmations: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks(
+            "peer_traffic", metrics.background_failures.labels("peer_traffic").inc
+        )
         # Which of each peer's sender ids keep their marks (bounded: peer_origins.py).
         self._origins = PeerOrigins(
             peer_origin_prefixes,
@@ -170,10 +173,8 @@ class PeerFeeds:
         # One per peer domain (the configured peers): see _subscriptions_lock.
         self._subscription_locks: dict[str, asyncio.Lock] = {}
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._background.discard)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._background.spawn(coro)
 
     async def start(self, positions: dict[str, str]) -> None:
         """Follow every peer room this node joined before (within each peer's bound)."""
@@ -294,17 +295,12 @@ class PeerFeeds:
             log.info("declining a peer's room failed", peer=peer.domain, error=str(exc))
 
     async def _join(self, room_id: str, peer: Peer) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self._bot.join(room_id)
-                break
-            except MatrixError as exc:
-                log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
-            except Exception as exc:  # noqa: BLE001 - the homeserver may be away: retry
-                log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+
+        def join_failed(exc: Exception, _delay: float) -> None:
+            # Refused, or the homeserver away: tried again either way.
+            log.warning("joining a peer's room failed", peer=peer.domain, error=str(exc))
+
+        await retry(lambda: self._bot.join(room_id), Backoff(0.5, 30.0), on_retry=join_failed)
         await self._rooms.joined_from_peer(room_id, peer.domain)
         log.info("following a peer's room", peer=peer.domain, room=room_id)
         self._follow(room_id, peer, None)
@@ -394,7 +390,7 @@ class PeerFeeds:
     def _drop_origins(self, origins: list[str], peer: Peer | None) -> None:
         """Let those sender ids' marks go, from memory and from the database."""
         for origin in origins:
-            self._delivery.marks.pop(origin, None)
+            self._delivery.forget(origin)
             self._relayed.pop(origin, None)
         rooms = self._rooms_of.get(peer.domain, ()) if peer is not None else ()
         self._settlement.drop(origins, rooms)
@@ -445,7 +441,7 @@ class PeerFeeds:
                 await relay.wait_for_room(size, RELAY_ROOM_SECONDS)
             ticket.hold()
             relay.push(Outgoing(admitted, 0, settles=ticket))
-        ticket.sealed = True
+        ticket.seal()
 
     def _admit(self, peer: Peer, routed: Routed) -> Routed | None:
         """The message as it is delivered here, or None: the node answers or acts on it
@@ -664,10 +660,7 @@ class PeerFeeds:
     async def close(self) -> None:
         for feed in self._feeds.values():
             await feed.close()
-        for task in list(self._background):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._background.stop()
 
 
 class PeersPushedElsewhere:

@@ -4,7 +4,7 @@ operator API that manages them."""
 
 from .attributes import ATTRIBUTES, PolicyRequest
 from .elements import ALGORITHMS, Algorithm, Effect, Element, compile_element, parse_algorithm
-from .engine import Decision, PolicyEngine
+from .engine import Decision, RuleEngine
 from .issues import Issue, PolicyValidationError
 
 __all__ = [
@@ -15,9 +15,9 @@ __all__ = [
     "Effect",
     "Element",
     "Issue",
-    "PolicyEngine",
     "PolicyRequest",
     "PolicyValidationError",
+    "RuleEngine",
     "compile_element",
     "parse_algorithm",
 ]

@@ -28,7 +28,10 @@ class Decision:
         return self.effect == "permit"
 
 
-class PolicyEngine:
+class RuleEngine:
+    """The decision point over the operator's rules: given a request, permit or deny and which
+    rule said so. It enforces nothing; routing/policy.py's ``MessageGate`` asks it."""
+
     def __init__(
         self, algorithm: Algorithm = "deny-overrides", default_effect: Effect = "permit"
     ) -> None:

@@ -18,7 +18,7 @@ from ..storage.clock import utcnow
 from ..storage.database import ConstraintViolation, Database
 from ..storage.policy_models import PolicyRuleRow, PolicySetting
 from .elements import Algorithm, Element, compile_element, parse_algorithm
-from .engine import PolicyEngine
+from .engine import RuleEngine
 from .issues import Issue, PolicyValidationError
 
 _R = PolicyRuleRow
@@ -45,13 +45,13 @@ def check_rule_id(rule_id: str) -> None:
 
 
 class PolicyStore:
-    def __init__(self, db: Database, engine: PolicyEngine) -> None:
+    def __init__(self, db: Database, engine: RuleEngine) -> None:
         self._db = db
         self._engine = engine
         self._lock = asyncio.Lock()
 
     @property
-    def engine(self) -> PolicyEngine:
+    def engine(self) -> RuleEngine:
         return self._engine
 
     async def load(self) -> None:

@@ -11,7 +11,7 @@ how many runtimes each message reached go to the journal.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 import structlog
@@ -65,8 +65,8 @@ class Delivery:
         self._queued = metrics.messages_out.labels("queued")
         self._events_delivered = metrics.matrix_events_in.labels("delivered")
         # Per origin, the highest message number routed so far (restored from the settled
-        # marks at start, then kept up to date here).
-        self.marks = marks
+        # marks at start, then kept up to date here). Written only here: others read it.
+        self._marks = marks
         # Told of an origin's first mark (the node bounds how many it keeps per client:
         # local_origins.py); may let other origins' marks go, never this one's.
         self.on_new_origin: Callable[[str], None] = lambda _origin: None
@@ -77,8 +77,21 @@ class Delivery:
         # The federation process of a domain on several sends on what its lanes carry for peers.
         self._send_on = send_on
 
+    @property
+    def marks(self) -> Mapping[str, int]:
+        return self._marks
+
     def routed_through(self, origin: str) -> int:
-        return self.marks.get(origin, 0)
+        return self._marks.get(origin, 0)
+
+    def restore(self, marks: Mapping[str, int]) -> None:
+        """At a start: the settled marks the database kept."""
+        self._marks.update(marks)
+
+    def forget(self, origin: str) -> None:
+        """An origin that carries no more messages (retired, or a peer's let go): its mark
+        leaves memory (the settlement decides when it leaves the database)."""
+        self._marks.pop(origin, None)
 
     async def deliver(
         self,
@@ -93,7 +106,7 @@ class Delivery:
         the node answers or acts on some itself) and gives what is delivered, or None; the
         sender's mark moves only for what it admitted."""
         delivered: list[int] = []
-        marks = self.marks
+        marks = self._marks
         for routed in messages:
             origin = routed.sender.origin
             if routed.oseq <= marks.get(origin, 0):
@@ -121,7 +134,7 @@ class Delivery:
             if ticket is not None:
                 ticket.marks[origin] = routed.oseq
         if ticket is not None:
-            ticket.sealed = True
+            ticket.seal()
             if ticket.event_id is not None:
                 self._journal.receipt(ticket.event_id, delivered)
         self._events_delivered.inc()

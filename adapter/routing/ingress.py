@@ -54,7 +54,7 @@ from ..storage.database import unavailable as database_unavailable
 from ..storage.routes import RouteStore
 from .journal import Journal
 from .lanes import Outbox, Outboxes, Outgoing
-from .policy import PolicyEngine
+from .policy import MessageGate
 from .way_abroad import Abroad, PeerRefused, remote_domains
 
 log = structlog.get_logger(__name__)
@@ -124,7 +124,7 @@ class Ingress:
         outboxes: Outboxes,
         journal: Journal,
         routes: RouteStore,
-        policy: PolicyEngine,
+        policy: MessageGate,
         routed_through: Callable[[str], int],
         metrics: NodeMetrics,
         quotas: QuotaConfig,

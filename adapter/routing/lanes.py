@@ -28,9 +28,11 @@ from appservice.intent import Intent
 
 from ..carrier import LaneEncoder, Routed
 from ..observability import NodeMetrics
+from ..retry import Backoff, retry
 from ..sessions.session import Session
 from ..sessions.upstream import Pending, Upstream
 from .delivery import Delivery, passing
+from .numbering import RoomNumbering
 from .settlement import LaneLedger, Ticket
 from .stream import BatchStream, OnRefused, StreamLimits, Traffic
 
@@ -131,7 +133,7 @@ class Lane(StreamOutbox):
         self._metrics = metrics
         self.room_id: str | None = None
         self.ready = asyncio.Event()
-        self._n = 0  # the number of the lane's last persisted event: consecutive in its room
+        self._numbers = RoomNumbering()  # the lane's events: consecutive in its room
         # The last event whose delivery is complete (a session handed to another process is
         # read again from there).
         self.delivered_through: str | None = None
@@ -163,7 +165,7 @@ class Lane(StreamOutbox):
     @property
     def last_number(self) -> int:
         """The number of the lane's last persisted event."""
-        return self._n
+        return self._numbers.last
 
     # -- sending --------------------------------------------------------------------------------
 
@@ -178,7 +180,7 @@ class Lane(StreamOutbox):
         self._after = merged
 
     def _header(self) -> dict[str, Any]:
-        header: dict[str, Any] = {"lane": self.index, "n": self._n + 1}
+        header: dict[str, Any] = {"lane": self.index, "n": self._numbers.next}
         if self._after:
             header["after"] = self._after
             self._after_carried = self._after
@@ -199,7 +201,7 @@ class Lane(StreamOutbox):
         return True
 
     def _on_sent(self, batch: list[Outgoing], event_id: str) -> None:
-        self._n += 1
+        n = self._numbers.persisted()
         if self._after_carried is not None:
             # Sent: what this event named is behind every later one. A requirement added
             # while it was on its way is a new dict, and goes with the next.
@@ -210,7 +212,7 @@ class Lane(StreamOutbox):
             item.done()
         assert self.room_id is not None
         ticket = self._ledger_for(self.room_id).open(event_id)
-        self._deliveries.append((batch, ticket, batch[0].arrived, self._n))
+        self._deliveries.append((batch, ticket, batch[0].arrived, n))
         if self._delivering is None:
             self._delivering = asyncio.create_task(
                 self._deliver(), name=f"deliver:lane-{self.index}"
@@ -237,6 +239,7 @@ class Lane(StreamOutbox):
         that it does not hold the lane's position back for ever (a restart of the node
         replays it from the room), and counted."""
         attempt = 0
+        waiting = Backoff(0.2, PASSING_WAIT_MAX)
         while True:
             attempt += 1
             try:
@@ -245,33 +248,32 @@ class Lane(StreamOutbox):
             except Exception as exc:
                 if passing(exc):
                     log.warning("delivery of a lane event waits", lane=self.index, error=repr(exc))
-                    await asyncio.sleep(min(0.1 * 2**attempt, PASSING_WAIT_MAX))
+                    await waiting.wait()
                     continue
                 log.exception("delivery of a lane event failed", lane=self.index, attempt=attempt)
                 if attempt >= DELIVERY_ATTEMPTS:
                     break
                 await asyncio.sleep(0.1 * attempt)
-        ticket.sealed = True
+        ticket.seal()
         self._metrics.matrix_events_in.labels("delivery_failed").inc()
 
     # -- start and stop -------------------------------------------------------------------------
 
     async def start(self, recover: Recover) -> None:
         """Find the room, deliver what a previous run left unsettled, then open for sending."""
-        delay = 0.25
-        while True:
-            try:
-                _intent, room_id = await self._send_target(False)
-                self._n = self.delivered_number = await recover(self, room_id)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
-                log.warning("lane not ready; retrying", lane=self.index, error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+
+        async def recovered() -> None:
+            _intent, room_id = await self._send_target(False)
+            self._numbers.continue_from(await recover(self, room_id))
+            self.delivered_number = self._numbers.last
+
+        def not_ready(exc: Exception, _delay: float) -> None:
+            # The homeserver may not be up yet.
+            log.warning("lane not ready; retrying", lane=self.index, error=str(exc))
+
+        await retry(recovered, Backoff(0.25, 2.0), on_retry=not_ready)
         self.ready.set()
-        log.info("lane ready", lane=self.index, room=self.room_id, last_event=self._n)
+        log.info("lane ready", lane=self.index, room=self.room_id, last_event=self._numbers.last)
 
     async def deliver_recovered(self, routed: list[Routed], event_id: str) -> None:
         """Recovery hands over an event read from the room again."""
@@ -283,7 +285,7 @@ class Lane(StreamOutbox):
         """Wait until what was pushed so far is sent and delivered here (not for what is
         pushed meanwhile); False if either took longer than ``timeout`` seconds."""
         sent = await self.stream.flush(timeout)
-        through = self._n
+        through = self._numbers.last
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while self.delivered_number < through:

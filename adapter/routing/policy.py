@@ -1,7 +1,7 @@
-"""The policy engine: a hook on every message a runtime sends, before it is routed.
+"""The message gate: a hook on every message a runtime sends, before it is routed.
 
 Who may speak from which address is not decided here but by the reference monitor (access.py),
-before this engine is asked. Three kinds of decision, in this order:
+before this gate is asked. Three kinds of decision, in this order:
 1. rate limiting: a token bucket per session (429), off unless configured;
 2. the configuration's rules: the first whose globs match the message's type, from and to
    decides (allow, or deny with a code and reason); no match goes on;
@@ -21,7 +21,7 @@ from ..config import PolicyConfig, PolicyRule
 from ..envelope import Message
 from ..identity.model import Identity
 from ..policies.attributes import PolicyRequest
-from ..policies.engine import PolicyEngine as RuleEngine
+from ..policies.engine import RuleEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,10 @@ class _Bucket:
         self.stamp = time.monotonic()
 
 
-class PolicyEngine:
+class MessageGate:
+    """Where policy is enforced on a message: the rate limit, the configuration's rules, then
+    the operator's rules, whose decisions are the ``RuleEngine``'s (policies/engine.py)."""
+
     def __init__(self, config: PolicyConfig, rules: RuleEngine | None = None) -> None:
         self._config = config
         self._buckets: dict[int, _Bucket] = {}

@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable
 import structlog
 
 from ..observability import NodeMetrics
+from ..retry import Backoff
 from ..sessions.mailbox import Entry, Mailbox
 from ..storage.checkpoints import CheckpointStore
 
@@ -45,6 +46,12 @@ class Ticket:
 
     def release(self) -> None:
         self.pending -= 1
+
+    def seal(self) -> None:
+        """Every message of the event has been handed on (or, for an event that kept failing,
+        given up on): it is settled once the deliveries it holds are. The one place a ticket
+        is sealed; delivery, the lanes' give-up and the relay of peers' events call it."""
+        self.sealed = True
 
     @property
     def settled(self) -> bool:
@@ -108,21 +115,12 @@ class Settlement:
         self.settled_marks: dict[str, int] = {}
         self._positions_due: dict[str, str] = {}
         self._marks_due: set[str] = set()
-        self._forget_after_write: set[str] = set()
         # Origins let go for good whose rows are deleted at the next checkpoint.
         self._rows_dropped: set[str] = set()
         self._lock = asyncio.Lock()
 
     def restore(self, marks: dict[str, int]) -> None:
         self.settled_marks = dict(marks)
-
-    def forget(self, origin: str) -> None:
-        """An origin that carries no more messages: its mark leaves memory (once written; the
-        database keeps it until the maintenance prunes it)."""
-        if origin in self._marks_due:
-            self._forget_after_write.add(origin)
-        else:
-            self.settled_marks.pop(origin, None)
 
     def drop(self, origins: Collection[str], rooms: Iterable[str] = ()) -> None:
         """Origins whose marks are let go for good (a peer's senders beyond its bound, or idle
@@ -136,7 +134,6 @@ class Settlement:
         for origin in origins:
             self.settled_marks.pop(origin, None)
             self._marks_due.discard(origin)
-            self._forget_after_write.discard(origin)
         self._rows_dropped.update(origins)
 
     def let_go(self, origins: Collection[str]) -> None:
@@ -158,15 +155,14 @@ class Settlement:
     async def run(self) -> None:
         """Checkpoint every ``interval`` while there is something to write; while the database
         fails, back off (up to 5 s) rather than hammer it."""
-        delay = self._interval
+        backoff = Backoff(self._interval, max(self._interval, 5.0))
         while True:
-            await asyncio.sleep(delay)
+            await backoff.wait()
             try:
                 await self.checkpoint()
-                delay = self._interval
+                backoff.reset()
             except Exception as exc:  # noqa: BLE001 - logged; the next round tries again
-                log.warning("checkpoint failed; retrying", error=repr(exc), retry_in=delay)
-                delay = min(delay * 2, 5.0)
+                log.warning("checkpoint failed; retrying", error=repr(exc), retry_in=backoff.delay)
 
     async def checkpoint(self, final: bool = False) -> None:
         """Write one checkpoint. ``final`` (at shutdown) stores everything not acknowledged."""
@@ -217,9 +213,6 @@ class Settlement:
                 del self._positions_due[room]
         self._marks_due.difference_update(marks)
         self._rows_dropped.difference_update(dropped)
-        for origin in self._forget_after_write & marks.keys():
-            self.settled_marks.pop(origin, None)
-        self._forget_after_write.difference_update(marks)
 
     def awaiting_acknowledgements(self) -> bool:
         """Whether a live stub has deliveries it has not acknowledged yet."""

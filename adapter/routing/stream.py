@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -37,6 +36,7 @@ from appservice.intent import Intent
 
 from .. import carrier
 from ..observability import NodeMetrics
+from ..retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -280,7 +280,7 @@ class BatchStream(Generic[T]):
         """Send ``batch`` as one event, retrying until the homeserver persists it (None) or
         refuses its content (the refusal). Returns None too when the stream is closed."""
         encoded = self._encoder.encode(self._header(), batch)
-        delay = self._limits.retry_initial
+        backoff = Backoff(self._limits.retry_initial, self._limits.retry_max, jitter=True)
         refresh = False
         txn_id: str | None = None
         uploaded: str | None = None
@@ -311,7 +311,7 @@ class BatchStream(Generic[T]):
                     "batch send refused; retrying",
                     stream=self.name,
                     error=str(exc),
-                    retry_in=round(delay, 2),
+                    retry_in=round(backoff.delay, 2),
                     items=len(batch),
                 )
             except HomeserverUnreachable as exc:
@@ -319,7 +319,7 @@ class BatchStream(Generic[T]):
                     "homeserver unreachable; retrying",
                     stream=self.name,
                     error=str(exc),
-                    retry_in=round(delay, 2),
+                    retry_in=round(backoff.delay, 2),
                     items=len(batch),
                 )
             except Exception:
@@ -327,8 +327,7 @@ class BatchStream(Generic[T]):
             if self._closed:
                 log.error("stream closed with an unsent batch", stream=self.name, items=len(batch))
                 return None
-            await asyncio.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, self._limits.retry_max)
+            await backoff.wait()
 
     async def _send(
         self,

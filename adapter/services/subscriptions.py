@@ -18,8 +18,8 @@ Who may subscribe to what is the reference monitor's rule (access.py, "Subscribe
 streams, registration status, the runtime's own addresses (and its objects' request channels
 `<object>/subscription`), and stubs' URLs; never another runtime's address. A request naming
 anything else is refused 403 as a whole; the phase-1 form's object itself is included only when
-the requester may subscribe to it. The policy engine then decides on each address (the
-operator's rules see a `subscribe` from the requester to that address).
+the requester may subscribe to it. The message gate (routing/policy.py) then decides on each
+address (the operator's rules see a `subscribe` from the requester to that address).
 """
 
 from __future__ import annotations

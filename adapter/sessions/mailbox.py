@@ -24,6 +24,7 @@ from typing import Protocol
 
 import orjson
 
+from ..storage.pending import StoredDelivery
 from .link import Link
 
 # Deliveries are numbered <epoch> << 32 | <counter>: the epoch grows with every start of the node
@@ -184,20 +185,6 @@ class Entry:
         if self.ticket is not None:
             self.ticket.release()
             self.ticket = None
-
-
-class StoredDelivery(Protocol):
-    @property
-    def dseq(self) -> int: ...
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def origin(self) -> str | None: ...
-
-    @property
-    def oseq(self) -> int: ...
 
 
 class DeliveryStore(Protocol):

@@ -22,9 +22,11 @@ import structlog
 
 from ..bounds import Bound, BoundRefused
 from ..identity.model import Identity
+from ..retry import Backoff, retry
 from ..storage.clock import utcnow
 from ..storage.models import SessionState
 from ..storage.sessions import ClaimRow, HeldElsewhere
+from ..tasks import BackgroundTasks
 from .eviction import EvictionOrder
 from .link import CLOSE_REPLACED, Link
 from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket
@@ -108,7 +110,7 @@ class Gauge(Protocol):
 @dataclass
 class Lifecycle:
     """Who else must know when a session appears, goes away, or its runtime comes and goes
-    (the routing table, the policy engine, the registry's presence)."""
+    (the routing table, the message gate, the registry's presence)."""
 
     added: list[Callable[[Session], None]] = field(default_factory=list)
     released: list[Callable[[Session], None]] = field(default_factory=list)
@@ -198,7 +200,8 @@ class SessionRegistry:
         # States to write (latest per session), by one background writer.
         self._states: dict[int, SessionState] = {}
         self._state_writer: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        # Failures are logged; this registry has no metrics to count them in.
+        self._background = BackgroundTasks("sessions")
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -649,9 +652,7 @@ class SessionRegistry:
             await attachment.link.close(1011, "resume failed")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     async def detach(self, attachment: Attachment) -> None:
         """The socket closed without `disconnect`: keep the session for a resume."""
@@ -716,18 +717,15 @@ class SessionRegistry:
             # The stub has let the session go (its token dropped): if the database is away, the
             # release is tried again rather than left to the session's lifetime, during which a
             # tokenless connect of the runtime would be refused. Its next connect waits here.
-            waited, delay = 0.0, 0.25
-            while True:
-                try:
-                    await self._release(attachment.session)
-                    return True
-                except Exception as exc:
-                    if waited >= RELEASE_RETRY_SECONDS:
-                        raise
-                    log.warning("releasing a session failed; retrying", error=repr(exc))
-                await asyncio.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 5.0)
+            await retry(
+                lambda: self._release(attachment.session),
+                Backoff(0.25, 5.0),
+                deadline=asyncio.get_running_loop().time() + RELEASE_RETRY_SECONDS,
+                on_retry=lambda exc, _delay: log.warning(
+                    "releasing a session failed; retrying", error=repr(exc)
+                ),
+            )
+            return True
 
     async def release(self, session: Session) -> None:
         """`disconnect`, or expiry: forget the session and everything it owned. A connection

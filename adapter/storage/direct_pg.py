@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from ..tasks import BackgroundTasks
 from .prepared import MAX_BLOCK, Bound, Prepared, Rows
 
 Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
@@ -53,7 +54,7 @@ class DirectPostgres:
         self._cursors: dict[Conn, psycopg.AsyncCursor[Any]] = {}
         self._opened = 0
         self._queue: deque[_Write] = deque()
-        self._servers: set[asyncio.Task[None]] = set()
+        self._servers = BackgroundTasks("direct_pg")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -94,8 +95,7 @@ class DirectPostgres:
             write = self._queue.popleft()
             if not write.future.done():
                 write.future.set_exception(RuntimeError("the database is closed"))
-        if self._servers:
-            await asyncio.gather(*self._servers, return_exceptions=True)
+        await self._servers.stop(cancel=False)
         idle, self._idle = self._idle, []
         self._cursors.clear()
         for conn in idle:
@@ -129,9 +129,7 @@ class DirectPostgres:
                 conn = None
             else:
                 return
-            server = asyncio.create_task(self._serve(conn))
-            self._servers.add(server)
-            server.add_done_callback(self._servers.discard)
+            self._servers.spawn(self._serve(conn))
             if conn is None:
                 return  # let the connect happen before starting more (the queue may drain)
 

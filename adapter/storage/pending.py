@@ -56,8 +56,9 @@ _KEEP_PAYLOAD = {
 _TEXT = func.coalesce(_P.payload, _K.payload)
 
 
-class KeptDelivery(Protocol):
-    """One delivery to keep (sessions/mailbox.py's Entry)."""
+class StoredDelivery(Protocol):
+    """One delivery kept for a session, as read back (``PendingStore.after``). Declared once,
+    here: the sessions (sessions/mailbox.py) sit above storage and use this declaration."""
 
     @property
     def dseq(self) -> int: ...
@@ -70,6 +71,11 @@ class KeptDelivery(Protocol):
 
     @property
     def oseq(self) -> int: ...
+
+
+class KeptDelivery(StoredDelivery, Protocol):
+    """One delivery to keep (sessions/mailbox.py's Entry): what is read back, and what its
+    row and shared payload need besides."""
 
     @property
     def event_id(self) -> str | None: ...

@@ -24,7 +24,7 @@ class PolicyRuleRow(Base):
 
 
 class PolicySetting(Base):
-    """Settings of the policy engine by name (the top-level combining algorithm)."""
+    """Settings of the rule engine by name (the top-level combining algorithm)."""
 
     __tablename__ = "policy_settings"
 

@@ -33,6 +33,7 @@ from ..sessions.registry import SessionRefused, SessionRegistry, SessionsFull
 from ..sessions.session import AckHello, Attachment
 from ..sessions.tokens import TokenRejected
 from ..storage.sessions import HeldElsewhere
+from ..tasks import BackgroundTasks
 from .acks import AckSender
 from .connection import (
     CLOSE_GOING_AWAY,
@@ -118,7 +119,9 @@ class StubEndpoint:
         self._deciding = 0
         self._decided = asyncio.Event()
         self._decided.set()
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing = BackgroundTasks(
+            "stub_endpoint", metrics.background_failures.labels("stub_endpoint").inc
+        )
 
     @property
     def open_connections(self) -> int:
@@ -611,14 +614,12 @@ class StubEndpoint:
         self._handshaking_gauge.dec()
         self._metrics.handshake_timeouts.inc()
         log.info("stub socket closed: no handshake in time", peer=conn.peer)
-        task = asyncio.create_task(
+        self._closing.spawn(
             conn.close(
                 CLOSE_POLICY,
                 f"no {{cmd:'connect'}} within {self._config.handshake_seconds:g} s",
             )
         )
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
 
 
 def _client(host: str, identity: Identity | None) -> str:

@@ -1,4 +1,4 @@
-"""`bench/run.py --quick` runs end to end: every scenario against the node, the relay and the
+"""`python -m bench.run --quick` runs end to end: every scenario against the node, the relay and the
 bare pipeline, the crowd and the two federating domains included, nothing lost. (The figures
 themselves are the benchmark's business, not a test's.)"""
 
@@ -13,13 +13,11 @@ import psycopg
 import pytest
 from ruamel.yaml import YAML
 
+from bench import hostile
 from tests.conftest import PG_DSN, Databases
 
 pytestmark = [pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import hostile  # noqa: E402
 
 
 async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> None:
@@ -28,7 +26,8 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
     out = tmp_path / "bench.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "bench/run.py",
+        "-m",
+        "bench.run",
         "--quick",
         "--out",
         str(out),
@@ -128,7 +127,8 @@ async def test_quick_benchmark_smoke(tmp_path: Path, synapse_python: Path) -> No
 async def test_unknown_benchmark_group_is_refused() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "bench/run.py",
+        "-m",
+        "bench.run",
         "--only",
         "messaging,bogus",
         cwd=ROOT,
@@ -146,7 +146,8 @@ async def test_unknown_benchmark_group_is_refused() -> None:
 async def test_malformed_crowd_cell_is_refused() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "bench/run.py",
+        "-m",
+        "bench.run",
         "--crowd",
         "200",
         cwd=ROOT,
@@ -165,7 +166,8 @@ async def test_benchmark_on_postgresql_uses_a_fresh_database_and_drops_it(
     out = tmp_path / "bench-pg.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "bench/run.py",
+        "-m",
+        "bench.run",
         "--quick",
         "--only",
         "allocation,publication",
@@ -204,7 +206,8 @@ async def test_benchmark_on_postgresql_uses_a_fresh_database_and_drops_it(
 async def test_unknown_database_is_refused() -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "bench/run.py",
+        "-m",
+        "bench.run",
         "--database",
         "mysql",
         cwd=ROOT,

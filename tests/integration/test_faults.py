@@ -23,10 +23,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from fault_check import (  # noqa: E402
+from bench.fault_check import (
     FAILURES,
     Arrival,
     Attempt,
@@ -38,8 +35,8 @@ from fault_check import (  # noqa: E402
     ranges,
     recovery_times,
 )
-from fault_stack import HomeserverProxy, Proxy, postgres_reachable  # noqa: E402
-from faults import (  # noqa: E402
+from bench.fault_stack import HomeserverProxy, Proxy, postgres_reachable
+from bench.faults import (
     CLUSTER_SCENARIOS,
     SCENARIOS,
     WORKER_SCENARIOS,
@@ -48,6 +45,8 @@ from faults import (  # noqa: E402
     grade,
     verdict_ok,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RECOVERY_LIMIT_S = 5.0
 # Every scenario runs on SQLite; on PostgreSQL those where the node's database is what the
@@ -565,7 +564,8 @@ async def test_quick_fault_suite(
     out = tmp_path / "faults.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "bench/faults.py",
+        "-m",
+        "bench.faults",
         "--quick",
         "--scenario",
         ",".join(scenarios),

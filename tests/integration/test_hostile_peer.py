@@ -24,9 +24,9 @@ from hypothesis import given, seed
 from hypothesis import strategies as st
 
 from adapter import carrier
-from adapter.carrier import event_number
 from adapter.federation import peer_feed
 from adapter.node import Node
+from adapter.routing.numbering import event_number
 from adapter.storage import migrate
 from appservice.api import HomeserverClient, MatrixError
 from appservice.intent import AppserviceAPI, Intent

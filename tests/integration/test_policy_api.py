@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import update
 
 from adapter.identity import Identity
-from adapter.policies import PolicyEngine, PolicyRequest
+from adapter.policies import PolicyRequest, RuleEngine
 from adapter.policies.api import PolicyApi
 from adapter.policies.store import PolicyStore, PolicyStoreError
 from adapter.storage.database import Database
@@ -48,7 +48,7 @@ def create(identity: Identity | None = ALICE, msg_type: str = "create") -> Polic
 @dataclass
 class Api:
     client: TestClient[web.Request, web.Application]
-    engine: PolicyEngine
+    engine: RuleEngine
     db: Database
     changes: list[tuple[str, str | None, Any]] = field(default_factory=list)
 
@@ -56,7 +56,7 @@ class Api:
 @pytest_asyncio.fixture(loop_scope="session")
 async def api(database_url: str) -> AsyncIterator[Api]:
     db = Database(database_url)
-    engine = PolicyEngine()
+    engine = RuleEngine()
     store = PolicyStore(db, engine)
     await store.load()
     changes: list[tuple[str, str | None, Any]] = []
@@ -202,7 +202,7 @@ async def test_rules_survive_a_restart(api: Api, database_url: str) -> None:
     ).status == 201
     await c.put("/_rethink/policy/algorithm", headers=AUTH, json={"algorithm": "first-applicable"})
 
-    restarted = PolicyEngine()
+    restarted = RuleEngine()
     await PolicyStore(api.db, restarted).load()
     assert restarted.ids() == ["2", "3"]
     assert restarted.algorithm == "first-applicable"
@@ -216,12 +216,12 @@ async def test_rules_survive_a_restart(api: Api, database_url: str) -> None:
         )
     )
     with pytest.raises(PolicyStoreError, match="'2'"):
-        await PolicyStore(api.db, PolicyEngine()).load()
+        await PolicyStore(api.db, RuleEngine()).load()
 
 
 async def test_a_failing_change_callback_does_not_undo_the_change(database_url: str) -> None:
     db = Database(database_url)
-    engine = PolicyEngine()
+    engine = RuleEngine()
 
     async def broken(action: str, rule_id: str | None, document: Any) -> None:
         raise RuntimeError("journal unavailable")

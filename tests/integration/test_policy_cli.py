@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from adapter.policies import PolicyEngine
+from adapter.policies import RuleEngine
 from adapter.policies.api import PolicyApi
 from adapter.policies.store import PolicyStore
 from adapter.storage import migrate
@@ -31,11 +31,11 @@ async def nothing(action: str, rule_id: str | None, document: Any) -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def served(databases: Databases) -> AsyncIterator[tuple[str, PolicyEngine]]:
+async def served(databases: Databases) -> AsyncIterator[tuple[str, RuleEngine]]:
     url = databases.sqlite()
     await migrate.upgrade(url)
     db = Database(url)
-    engine = PolicyEngine()
+    engine = RuleEngine()
     app = web.Application()
     app.add_routes(PolicyApi(PolicyStore(db, engine), TOKEN, nothing).routes())
     runner = web.AppRunner(app)
@@ -76,7 +76,7 @@ async def cli(config: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_policy_commands(served: tuple[str, PolicyEngine], tmp_path: Path) -> None:
+async def test_policy_commands(served: tuple[str, RuleEngine], tmp_path: Path) -> None:
     url, engine = served
     config = write_config(tmp_path, url)
     rules = tmp_path / "rules.json"
@@ -122,7 +122,7 @@ async def test_policy_commands(served: tuple[str, PolicyEngine], tmp_path: Path)
     assert code == 1 and "no policy rule '1'" in err
 
 
-async def test_policy_command_errors(served: tuple[str, PolicyEngine], tmp_path: Path) -> None:
+async def test_policy_command_errors(served: tuple[str, RuleEngine], tmp_path: Path) -> None:
     url, engine = served
     config = write_config(tmp_path, url)
     before = engine.ids()

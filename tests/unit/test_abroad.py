@@ -85,7 +85,7 @@ async def test_each_lane_message_goes_on_to_the_domains_it_is_for_and_settles_af
             routed(6, "hyperty://elsewhere.example/x"),
         ):
             await onward(message, ticket)
-        ticket.sealed = True
+        ticket.seal()
         sent = {domain: [i.routed.oseq for i in link.items] for domain, link in links.links.items()}
         assert sent == {"b.example": [1, 4], "c.example": [3, 4]}
         refused = registry.get_sample_value(

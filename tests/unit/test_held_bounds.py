@@ -169,7 +169,7 @@ async def test_local_sender_marks_are_bounded_per_client_and_in_total_and_go_wit
                 if origin not in marks:
                     origins.seen(origin)
                 marks[origin] = ticket.marks[origin] = 1
-            ticket.sealed = True
+            ticket.seal()
 
         delivered("h1.stub", "h2.stub")
         delivered(*(f"f{i}.stub" for i in range(10)))

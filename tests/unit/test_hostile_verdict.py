@@ -5,7 +5,6 @@ socket closed is reported as such, never taken for a refusal (nor made up as a 4
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import hostile
+from bench.hostile import CLOSED, UNANSWERED, Client, Hostile, checks
 
-import hostile  # noqa: E402
-from hostile import CLOSED, UNANSWERED, Client, Hostile, checks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 Reply = Callable[[web.WebSocketResponse, dict[str, Any]], Awaitable[None]]
 

@@ -23,7 +23,7 @@ from adapter.envelope import parse
 from adapter.federation.peer_traffic import PeerFeeds
 from adapter.federation.peers import Peer
 from adapter.observability import NodeMetrics
-from adapter.routing.policy import PolicyEngine
+from adapter.routing.policy import MessageGate
 from adapter.routing_table import RoutingTable
 from adapter.storage.database import Database
 from adapter.storage.models import Base
@@ -55,7 +55,7 @@ def feeds(db: Database, table: RoutingTable, registry: CollectorRegistry) -> Pee
         table,
         AccessMonitor(A, table, (B,)),
         RemoteSubscriptionStore(db),
-        PolicyEngine(PolicyConfig()),
+        MessageGate(PolicyConfig()),
         nothing,
         nothing,
         NodeMetrics(registry),
@@ -214,7 +214,7 @@ def room_feeds(peer: Peer, bot: _Bot, registry: CollectorRegistry) -> PeerFeeds:
         table,
         AccessMonitor(A, table, (B,)),
         nothing,
-        PolicyEngine(PolicyConfig()),
+        MessageGate(PolicyConfig()),
         nothing,
         nothing,
         NodeMetrics(registry),
@@ -391,11 +391,14 @@ class _Delivery:
     def __init__(self) -> None:
         self.marks: dict[str, int] = {}
 
+    def forget(self, origin: str) -> None:
+        self.marks.pop(origin, None)
+
     async def deliver(self, routed: Any, ticket: Any, admit: Any = None) -> None:
         for message in routed:
             self.marks[message.sender.origin] = message.oseq
             ticket.marks[message.sender.origin] = message.oseq
-        ticket.sealed = True
+        ticket.seal()
 
 
 def minted(n: int, first: int) -> dict[str, Any]:
@@ -448,7 +451,7 @@ async def test_a_peers_minted_sender_ids_are_bounded_and_forgotten(db: Database)
         table,
         AccessMonitor(A, table, (B,)),
         nothing,
-        PolicyEngine(PolicyConfig()),
+        MessageGate(PolicyConfig()),
         nothing,
         nothing,
         metrics,

@@ -10,9 +10,9 @@ import pytest
 from adapter.identity import Identity, anonymous_identity
 from adapter.policies import (
     Element,
-    PolicyEngine,
     PolicyRequest,
     PolicyValidationError,
+    RuleEngine,
     compile_element,
     parse_algorithm,
 )
@@ -39,7 +39,7 @@ def request(
 def holds(condition: Any, req: PolicyRequest) -> bool:
     """Whether ``condition`` holds for ``req``: a lone deny rule with it, in a permit-by-default
     engine, denies."""
-    engine = PolicyEngine()
+    engine = RuleEngine()
     engine.put(compile_element({"id": "c", "condition": condition, "effect": "deny"}))
     return not engine.decide(req).permitted
 
@@ -61,7 +61,7 @@ def test_the_specs_example_rule_denies_gmail_users_creating() -> None:
         "effect": "deny",
         "priority": 0,
     }
-    engine = PolicyEngine()
+    engine = RuleEngine()
     engine.put(compile_element(rule))
     denied = engine.decide(request("create"))
     assert (denied.effect, denied.rule) == ("deny", "2")
@@ -123,7 +123,7 @@ def jacpol_policy_set() -> dict[str, Any]:
 
 
 def test_a_jacpol_policy_set_loads_and_decides() -> None:
-    engine = PolicyEngine(default_effect="deny")
+    engine = RuleEngine(default_effect="deny")
     engine.put(compile_element(jacpol_policy_set()))
     gmail_identity = Identity("user://gmail.com/a", "gmail.com", "oidc", True, "a@gmail.com")
     # Tuesday 10:15: inside the weekday window -> the policy's deny wins (blockOverrides).
@@ -248,7 +248,7 @@ def rule(rule_id: str, effect: str, priority: float = 0, **condition: Any) -> El
 
 
 def test_combining_algorithms_and_priorities() -> None:
-    engine = PolicyEngine(algorithm="deny-overrides")
+    engine = RuleEngine(algorithm="deny-overrides")
     engine.put(rule("p", "permit", 0))
     engine.put(rule("d", "deny", 5, actionType={"equals": "create"}))
     engine.put(rule("p2", "permit", 1))
@@ -272,7 +272,7 @@ def test_combining_algorithms_and_priorities() -> None:
     engine.replace_all([], "deny-overrides")
     default = engine.decide(request("create"))
     assert default.permitted and default.rule is None
-    assert not PolicyEngine(default_effect="deny").decide(request()).permitted
+    assert not RuleEngine(default_effect="deny").decide(request()).permitted
 
 
 def test_nested_algorithms_and_targets() -> None:
@@ -285,7 +285,7 @@ def test_nested_algorithms_and_targets() -> None:
             {"id": "yes", "effect": "permit", "condition": {"actionType": {"equals": "read"}}},
         ],
     }
-    engine = PolicyEngine(default_effect="permit")
+    engine = RuleEngine(default_effect="permit")
     engine.put(compile_element(policy))
     assert engine.decide(request("read")).rule == "mail/yes"
     assert engine.decide(request("create")).rule == "mail/no"

@@ -8,14 +8,15 @@ import json
 import re
 import subprocess
 import sys
+import types
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.provenance import INDEX, Source, command_line, index, write_results
 
-from provenance import INDEX, Source, index, write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -34,6 +35,15 @@ def test_a_results_file_records_the_commit_the_command_and_the_load(tmp_path: Pa
     assert recorded["cpus"] >= 1
     for key in ("loadavg_at_start", "loadavg_at_end"):
         assert len(recorded[key]) == 3 and all(x >= 0 for x in recorded[key])
+
+
+def test_a_script_run_as_a_module_is_recorded_as_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m bench.run --quick` is what was typed, not the module's file path."""
+    main = types.ModuleType("__main__")
+    main.__spec__ = ModuleSpec("bench.run", None)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "bench" / "run.py"), "--quick"])
+    assert command_line().split()[1:] == ["-m", "bench.run", "--quick"]
 
 
 def test_every_bench_writer_writes_through_the_shared_helper() -> None:

@@ -23,7 +23,7 @@ from adapter.routing.delivery import Delivery
 from adapter.routing.ingress import Ingress, ServiceDirectory
 from adapter.routing.journal import Journal
 from adapter.routing.lanes import Outgoing
-from adapter.routing.policy import PolicyEngine
+from adapter.routing.policy import MessageGate
 from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
@@ -220,7 +220,8 @@ async def test_a_checkpoint_stores_what_is_kept_and_moves_positions_past_settled
     t1, t2 = ledger.open("$1"), ledger.open("$2")
     t1.marks["o.s"] = 4
     await box.deliver(routed_parcel(), t1)  # kept: the runtime is away
-    t1.sealed = t2.sealed = True
+    t1.seal()
+    t2.seal()
     await settlement.checkpoint()
     [(session_id, [dseq])] = store.commits[0][0]
     assert session_id == 9 and dseq == (1 << 32) + 1
@@ -238,7 +239,7 @@ async def test_a_failed_checkpoint_keeps_everything_for_the_next() -> None:
     settlement = Settlement(store, metrics())  # type: ignore[arg-type]
     box = Mailbox(9, 1, settlement.mailbox_dirty)
     ticket = settlement.ledger("!lane").open("$1")
-    ticket.sealed = True
+    ticket.seal()
     await box.deliver(routed_parcel(), ticket)
     store.fail = True
     with pytest.raises(ConnectionError):
@@ -350,7 +351,7 @@ def ingress_for(
         outboxes,
         Journal(None),
         Routes(),  # type: ignore[arg-type]
-        PolicyEngine(PolicyConfig(rules=list(rules))),
+        MessageGate(PolicyConfig(rules=list(rules))),
         lambda origin: marks.get(origin, 0),
         metrics(),
         quotas or QuotaConfig(),
