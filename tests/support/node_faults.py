@@ -28,7 +28,8 @@ def _skip(owner: object, step: str) -> None:
 
 async def kill(node: Node) -> None:
     """Stop ``node`` as a SIGKILL would, as far as the tests' own process allows."""
-    endpoint = node.stub_endpoint
+    core = node.core
+    endpoint = core.stub_endpoint
     for conn in list(endpoint._open):
         request = conn.ws._req
         transport = request.transport if request is not None else None
@@ -37,7 +38,6 @@ async def kill(node: Node) -> None:
     # Every step of a graceful stop that saves or sends what the node holds is skipped. Each
     # is replaced where the stop calls it, and must exist there: a step renamed or moved would
     # otherwise leave a graceful stop passing for a kill.
-    core = node.core
     _skip(endpoint, "stop_reading")
     _skip(core, "_flush_lanes")
     _skip(core, "_await_acknowledgements")
