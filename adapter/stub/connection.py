@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 
@@ -96,7 +97,9 @@ class StubConnection:
             "stub too slow; disconnecting it", peer=self.peer, backlog_bytes=self._backlog_bytes
         )
         self._hand_back()
-        self._closing = asyncio.create_task(self.close(CLOSE_POLICY, "too slow to read"))
+        self._closing = asyncio.create_task(
+            self.close(CLOSE_POLICY, "too slow to read", flush=False)
+        )
 
     def _add_backlog(self, payload: bytes) -> None:
         self._backlog.append(payload)
@@ -131,12 +134,18 @@ class StubConnection:
         if self.on_overflow is not None:
             self.on_overflow([p.decode() for p in left])
 
-    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
-        """Close with ``code``; a runtime that does not read gets no more than CLOSE_DEADLINE
-        for the closing handshake (its close frame waits behind what it did not read), then
-        its socket is cut."""
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "", flush: bool = True) -> None:
+        """Close with ``code`` once the frames queued before it are written (an answer sent
+        just before the close, e.g. to a `disconnect`, arrives first; ``flush`` False: what is
+        queued was handed back already). A runtime that does not read gets no more than
+        CLOSE_DEADLINE for both, then its socket is cut."""
         try:
             async with asyncio.timeout(CLOSE_DEADLINE):
+                writer = self._writer
+                if writer is not None and flush:
+                    # Shielded: at the deadline the socket is cut, which ends the writer too.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(writer)
                 await self.ws.close(code=code, message=reason.encode())
         except (ConnectionError, RuntimeError):
             pass

@@ -94,6 +94,18 @@ async def test_a_send_never_waits_even_when_the_socket_seemed_free() -> None:
     assert ws.sent == [b"a" * 1000, b"b" * 10] and back == []
 
 
+async def test_what_was_sent_before_a_close_is_written_before_it() -> None:
+    ws, back = FakeWebSocket(), []
+    conn = connection(ws, back, slow=5)
+    await conn.send("the answer")
+    closing = asyncio.create_task(conn.close(CLOSE_POLICY, "bye"))
+    await settle()
+    assert not ws.closed  # the answer is not written yet: the close waits for it
+    ws.reader.release()
+    await asyncio.wait_for(closing, 5)
+    assert ws.sent == [b"the answer"] and ws.closed and back == []
+
+
 class StuckWebSocket(FakeWebSocket):
     """A closing handshake that never ends (the close frame waits behind what the runtime
     does not read)."""
