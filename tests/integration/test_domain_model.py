@@ -29,7 +29,6 @@ from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -37,7 +36,6 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from adapter.node import Node
@@ -57,7 +55,7 @@ from ..support.domain_model import (
     spellings,
     wait_for,
 )
-from ..support.fuzzing import corpus_database, fuzz_seed
+from ..support.fuzzing import fuzz_seed, model_settings, run_for_budget
 from ..support.node_faults import DatabaseAway, kill, start_homeserver, stop_homeserver
 
 pytestmark = [pytest.mark.integration]
@@ -975,44 +973,6 @@ def _hyperty(url: str, runtime: str, user: str) -> dict[str, Any]:
     }
 
 
-def model_settings() -> settings:
-    return settings(
-        max_examples=ROUND,
-        stateful_step_count=STEPS,
-        deadline=None,
-        database=corpus_database(),
-        derandomize=False,
-        print_blob=True,
-        suppress_health_check=list(HealthCheck),
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
-        + ([Phase.shrink] if SHRINK else []),
-        report_multiple_bugs=SHRINK,
-    )
-
-
-def run_for_budget(seed: int, deadline: float) -> int:
-    """Rounds of ROUND examples, each from its own seed (``seed``, ``seed + 1``, …), until the
-    budget is spent: Hypothesis has no time limit of its own, and a test case it cut short would
-    look flaky to it. Each round replays the kept failures first."""
-    rounds = 0
-    started = time.monotonic()
-    while time.monotonic() < deadline:
-        DomainMachine._hypothesis_internal_use_seed = seed + rounds  # type: ignore[attr-defined]
-        print(f"domain model: round {rounds}, seed {seed + rounds}", flush=True)
-        try:
-            run_state_machine_as_test(DomainMachine, settings=model_settings())
-        except BaseException:
-            print(
-                f"domain model: a promise broken, reported after "
-                f"{time.monotonic() - started:.0f} s "
-                f"({DomainMachine.examples} examples, {DomainMachine.steps} steps)",
-                flush=True,
-            )
-            raise
-        rounds += 1
-    return rounds
-
-
 # Beyond the budget: the last example's steps, and shrinking a failure (minutes on a real node).
 @pytest.mark.timeout(int(BUDGET) + 1500)
 async def test_the_node_keeps_the_domains_promises(
@@ -1032,7 +992,14 @@ async def test_the_node_keeps_the_domains_promises(
     DomainMachine.totals = {}
     started = time.monotonic()
     try:
-        rounds = await asyncio.to_thread(run_for_budget, seed, DomainMachine.ctx.deadline)
+        rounds = await asyncio.to_thread(
+            run_for_budget,
+            DomainMachine,
+            "domain model",
+            seed,
+            DomainMachine.ctx.deadline,
+            model_settings(ROUND, STEPS, SHRINK),
+        )
     finally:
         print(f"domain model: messages {DomainMachine.totals}", flush=True)
     print(

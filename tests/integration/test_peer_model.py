@@ -42,7 +42,6 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -50,7 +49,6 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
 from adapter import carrier
@@ -61,7 +59,7 @@ from appservice.intent import AppserviceAPI
 
 from ..conftest import Databases, Federation
 from ..support.domain_model import SeeingRuntime, spellings, wait_for
-from ..support.fuzzing import corpus_database, fuzz_seed
+from ..support.fuzzing import fuzz_seed, model_settings, run_for_budget
 from .test_hostile_peer import HostileB
 
 pytestmark = [pytest.mark.integration]
@@ -571,41 +569,6 @@ class PeerMachine(RuleBasedStateMachine):
         self.run(self.rt["alice"].send(message))
 
 
-def model_settings() -> settings:
-    return settings(
-        max_examples=ROUND,
-        stateful_step_count=STEPS,
-        deadline=None,
-        database=corpus_database(),
-        derandomize=False,
-        print_blob=True,
-        suppress_health_check=list(HealthCheck),
-        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
-        + ([Phase.shrink] if SHRINK else []),
-        report_multiple_bugs=SHRINK,
-    )
-
-
-def run_for_budget(seed: int, deadline: float) -> int:
-    rounds = 0
-    started = time.monotonic()
-    while time.monotonic() < deadline:
-        PeerMachine._hypothesis_internal_use_seed = seed + rounds  # type: ignore[attr-defined]
-        print(f"peer model: round {rounds}, seed {seed + rounds}", flush=True)
-        try:
-            run_state_machine_as_test(PeerMachine, settings=model_settings())
-        except BaseException:
-            print(
-                f"peer model: a promise broken, reported after "
-                f"{time.monotonic() - started:.0f} s "
-                f"({PeerMachine.examples} examples, {PeerMachine.steps} steps)",
-                flush=True,
-            )
-            raise
-        rounds += 1
-    return rounds
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def node_a(federation: Federation, databases: Databases) -> AsyncIterator[Node]:
     url = databases.sqlite()
@@ -660,7 +623,14 @@ async def test_the_node_keeps_its_promises_beside_a_hostile_peer(
         PeerMachine.tally = {}
         started = time.monotonic()
         try:
-            rounds = await asyncio.to_thread(run_for_budget, seed, started + BUDGET)
+            rounds = await asyncio.to_thread(
+                run_for_budget,
+                PeerMachine,
+                "peer model",
+                seed,
+                started + BUDGET,
+                model_settings(ROUND, STEPS, SHRINK),
+            )
         finally:
             print(f"peer model: did {dict(sorted(PeerMachine.tally.items()))}", flush=True)
         print(

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
+from typing import Any
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import (
     DirectoryBasedExampleDatabase,
     ExampleDatabase,
     MultiplexedDatabase,
     ReadOnlyDatabase,
 )
+from hypothesis.stateful import run_state_machine_as_test
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "fuzz-corpus"
@@ -84,3 +87,44 @@ def fuzz_settings(examples: int) -> settings:
             HealthCheck.data_too_large,
         ],
     )
+
+
+def model_settings(round_examples: int, steps: int, shrink: bool) -> settings:
+    """The settings of a model run against a real node (tests/integration/test_*_model.py):
+    fresh examples after the kept ones, and shrinking only when asked (minutes on a real node)."""
+    return settings(
+        max_examples=round_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=corpus_database(),
+        derandomize=False,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+        + ([Phase.shrink] if shrink else []),
+        report_multiple_bugs=shrink,
+    )
+
+
+def run_for_budget(machine: Any, name: str, seed: int, deadline: float, run: settings) -> int:
+    """Rounds of a model's examples, each from its own seed (``seed``, ``seed + 1``, ...), until
+    the budget is spent: Hypothesis has no time limit of its own, and a test case it cut short
+    would look flaky to it. Each round replays the kept failures first. ``machine`` counts its
+    ``examples`` and ``steps``; ``name`` says which model is speaking."""
+    rounds = 0
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        machine._hypothesis_internal_use_seed = seed + rounds
+        print(f"{name}: round {rounds}, seed {seed + rounds}", flush=True)
+        try:
+            run_state_machine_as_test(machine, settings=run)
+        except BaseException:
+            print(
+                f"{name}: a promise broken, reported after "
+                f"{time.monotonic() - started:.0f} s "
+                f"({machine.examples} examples, {machine.steps} steps)",
+                flush=True,
+            )
+            raise
+        rounds += 1
+    return rounds
