@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 
 class TokenBucket:
@@ -67,7 +68,7 @@ class ClientPaces:
     pace is kept while it has a connection open and dropped with its last one, so the node holds
     one per connected client and no more."""
 
-    __slots__ = ("_bytes_burst", "_bytes_rate", "_clock", "_held", "_messages_burst", "_rate")
+    __slots__ = ("_held", "_new_pace")
 
     def __init__(
         self,
@@ -77,11 +78,9 @@ class ClientPaces:
         bytes_burst: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._rate = messages_per_second
-        self._messages_burst = messages_burst
-        self._bytes_rate = bytes_per_second
-        self._bytes_burst = bytes_burst
-        self._clock = clock
+        self._new_pace = partial(
+            Pace, messages_per_second, messages_burst, bytes_per_second, bytes_burst, clock
+        )
         # Each client's pace and how many of its connections use it.
         self._held: dict[str, tuple[Pace, int]] = {}
 
@@ -91,13 +90,8 @@ class ClientPaces:
     def join(self, client: str) -> Pace:
         """The pace a new connection of ``client`` shares with its others."""
         held = self._held.get(client)
-        if held is None:
-            pace = Pace(
-                self._rate, self._messages_burst, self._bytes_rate, self._bytes_burst, self._clock
-            )
-        else:
-            pace = held[0]
-        self._held[client] = (pace, (held[1] if held else 0) + 1)
+        pace, connections = held if held is not None else (self._new_pace(), 0)
+        self._held[client] = (pace, connections + 1)
         return pace
 
     def leave(self, client: str) -> None:
