@@ -22,6 +22,8 @@ CLOSE_UNAUTHORIZED = 4401
 # The runtime's session is held by another node process of the domain: connect again (the
 # load balancer may pick another process; the holder takes it).
 CLOSE_TRY_AGAIN = 1013
+# The most a WebSocket frame's header adds to its payload (a server's frames are not masked).
+FRAME_HEADER_BYTES = 10
 # Seconds a closing handshake may take before the socket is cut.
 CLOSE_DEADLINE = 5.0
 
@@ -65,19 +67,39 @@ class StubConnection:
         """Queue one text frame for the runtime (given as text, or as its UTF-8 bytes when the
         same message goes to many runtimes); False when the socket is already gone.
 
-        Never waits for the socket: every frame goes through the connection's own writer. A
-        write that fills the socket's buffer makes aiohttp wait until the reader drains it, and
-        a runtime that stops reading would hold that wait, and so the lane event delivering to
-        it, for as long as it likes (one megabyte to a socket that does not read was enough)."""
+        Never waits for the socket: a frame is written at once only when it cannot fill the
+        socket's buffer, else it goes through the connection's own writer. A write that fills
+        the buffer makes aiohttp wait until the reader drains it, and a runtime that stops
+        reading would hold that wait, and so the lane event delivering to it, for as long as
+        it likes (one megabyte to a socket that does not read was enough)."""
         if self.ws.closed:
             return False
         payload = data.encode() if isinstance(data, str) else data
+        if self._writer is None and self._fits_at_once(len(payload)):
+            # Nothing queued, and the frame leaves the socket's buffer below its low-water
+            # mark: the write cannot pause the socket, so it cannot wait, and most frames (a
+            # runtime reading along) are written here without a task of their own.
+            try:
+                await self.ws.send_frame(payload, WSMsgType.TEXT)
+                return True
+            except (ConnectionError, RuntimeError):
+                pass  # queued instead: the writer hands it back once the socket is closed
         self._add_backlog(payload)
         if self._backlog_bytes > self._soft_backlog and self._behind is None:
             self._behind = asyncio.get_running_loop().call_later(
                 self._slow_seconds, self._still_behind
             )
         return True
+
+    def _fits_at_once(self, size: int) -> bool:
+        """Whether a frame of ``size`` bytes, written now, keeps the socket's buffer at or below
+        its low-water mark (a socket is paused only above its high-water mark, and resumes only
+        at or below the low one, so below it the socket is not paused either)."""
+        transport = self._transport
+        if transport is None or self._backlog or self.ws.compress:
+            return False
+        low, _high = transport.get_write_buffer_limits()
+        return transport.get_write_buffer_size() + size + FRAME_HEADER_BYTES <= low
 
     def _still_behind(self) -> None:
         """``slow_seconds`` after it fell far behind: disconnected unless it caught up."""

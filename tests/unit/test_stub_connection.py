@@ -31,6 +31,8 @@ class FakeTransport:
 class FakeWebSocket:
     """Writes a frame only when the test lets the reader read one."""
 
+    compress = False
+
     def __init__(self) -> None:
         self.closed = False
         self.sent: list[bytes] = []
@@ -92,6 +94,34 @@ async def test_a_send_never_waits_even_when_the_socket_seemed_free() -> None:
     ws.reader.release()
     await settle()
     assert ws.sent == [b"a" * 1000, b"b" * 10] and back == []
+
+
+class RoomyTransport(FakeTransport):
+    """A socket buffer with 16 KiB below its low-water mark."""
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (16 * 1024, 64 * 1024)
+
+
+class ReadingWebSocket(FakeWebSocket):
+    """A runtime reading along: every write goes straight into the socket."""
+
+    async def send_frame(self, payload: bytes, _opcode: Any) -> None:
+        self.sent.append(payload)
+
+
+async def test_a_frame_that_cannot_fill_the_buffer_is_written_in_the_senders_step() -> None:
+    ws, request = ReadingWebSocket(), FakeRequest()
+    request.transport = RoomyTransport()
+    conn = StubConnection(ws, request, max_backlog_bytes=1 << 20)  # type: ignore[arg-type]
+    assert at_once(conn.send("small"))
+    assert ws.sent == [b"small"]  # written before any other task ran: no writer task
+    # One that would take the buffer past its low-water mark goes to the writer instead.
+    assert at_once(conn.send("x" * 20_000))
+    assert ws.sent == [b"small"]
+    assert at_once(conn.send("after"))  # queued behind it, never ahead
+    await settle()
+    assert ws.sent == [b"small", b"x" * 20_000, b"after"]
 
 
 async def test_what_was_sent_before_a_close_is_written_before_it() -> None:
