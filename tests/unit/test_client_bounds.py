@@ -31,8 +31,7 @@ from adapter.sessions.mailbox import (
 )
 from adapter.sessions.registry import SessionsFull
 from adapter.stub.pacing import ClientPaces, Pace, TokenBucket
-
-from .test_session_bounds import Link, registry
+from tests.unit.sessions.test_session_bounds import Link, registry
 
 # -- who a client is ----------------------------------------------------------------------------
 

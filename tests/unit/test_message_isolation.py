@@ -45,8 +45,14 @@ from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
 from adapter.sessions.mailbox import Parcel
 from adapter.sessions.session import Attachment
-
-from .test_routing_core import Outboxes, Sessions, attached, decide, ingress_for, metrics
+from tests.unit.routing.test_routing_core import (
+    Outboxes,
+    Sessions,
+    attached,
+    decide,
+    ingress_for,
+    metrics,
+)
 
 D = "mn.test"
 A, B, C = "hyperty://mn.test/a", "hyperty://mn.test/b", "hyperty://mn.test/c"

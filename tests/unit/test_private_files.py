@@ -29,8 +29,7 @@ from adapter.localstack.up import (
 from adapter.private_files import tighten_tree, write_private
 from adapter.storage import migrate
 from adapter.storage.database import create_engine, sqlite_files
-
-from ..support.modes import exposed, mode
+from tests.support.modes import exposed, mode
 
 CLI = [sys.executable, "-m", "adapter.cli"]
 

@@ -16,8 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from adapter.identity import Identity, IdentityRejected, IdentityUnavailable
 from adapter.identity.oidc import OidcConfigError, OidcVerifier
-
-from ..support.fake_idp import AUDIENCE, FakeIdp, idp, rsa_key
+from tests.support.fake_idp import AUDIENCE, FakeIdp, idp, rsa_key
 
 __all__ = ["idp"]  # the fixture, used by name
 

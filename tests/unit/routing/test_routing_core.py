@@ -31,8 +31,7 @@ from adapter.sessions.mailbox import Mailbox, Parcel, Waiting
 from adapter.sessions.session import Attachment, Session
 from adapter.sessions.upstream import Pending, Upstream
 from adapter.stub.protocol import BadHello, parse_hello, split_numbered
-
-from .test_mailbox import FakeLink, MemoryStore
+from tests.unit.sessions.test_mailbox import FakeLink, MemoryStore
 
 D = "mn.test"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MAX_LINES = 80
 
 # path::qualified name → what is left to split (issue 44). Remove an entry once it is short.

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ..support.figures import EN_DASH, Figure, check, figures
+from tests.support.figures import EN_DASH, Figure, check, figures
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "docs" / "results"
 DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmark.md")
 

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from ..support.runtime import PyRuntime
+from tests.support.runtime import PyRuntime
 
 MESSAGE = {"id": 1, "type": "update", "from": "hyperty://d/a", "to": "hyperty://d/b", "body": {}}
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from bench import hostile
 from bench.hostile import CLOSED, UNANSWERED, Client, Hostile, checks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 Reply = Callable[[web.WebSocketResponse, dict[str, Any]], Awaitable[None]]
 

@@ -16,7 +16,7 @@ import pytest
 
 from bench.provenance import INDEX, Source, command_line, index, write_results
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 RESULTS = ROOT / "docs" / "results"
 
