@@ -204,7 +204,8 @@ class SessionRegistry:
         # re-authentication, where the session is held, a handover on, a move here (from
         # ``moving`` to ``adopted``) and the resume's replay. Inside, only the ``..._on_line``
         # variants: taking the same line again would wait for itself. What never waits
-        # (``mark_used``, an acknowledgement) cannot fall between the steps of another.
+        # (``mark_used``, an acknowledgement, ``place_refusal``) runs whole, between two steps
+        # of whatever holds the line, and needs no more.
         self._serial = Serial()
         # Sessions without a connection, longest detached first (expiry walks them so); bounded,
         # beyond ``max_detached`` released early in the order of eviction.py.
