@@ -12,7 +12,6 @@ import structlog
 from ..core import Core
 from ..core.state import load_routes
 from ..retry import Backoff, retry
-from ..sessions.session import Session
 from ..storage.processes import ProcessStore
 from .membership import Membership
 from .shared_routes import SharedRoutes
@@ -32,8 +31,6 @@ class ClusterFeature:
         self.shared_routes: SharedRoutes | None = None
         self.membership: Membership | None = None
         self.take_over: TakeOver | None = None
-        # Sessions whose handover to this process was not finished when it stopped (start-up).
-        self._unfinished: list[tuple[Session, str]] = []
 
     def attach(self, core: Core) -> None:
         process = core.process
@@ -101,7 +98,7 @@ class ClusterFeature:
 
     async def _hold_unfinished(self) -> None:
         assert self.take_over is not None
-        self._unfinished = await self.take_over.hold_unfinished()
+        await self.take_over.hold_unfinished()
 
     async def _join(self, positions: dict[str, str]) -> None:
         """Runtimes only once the other processes' lanes are read from here: a lane read from
@@ -109,8 +106,7 @@ class ClusterFeature:
         this process already took."""
         await self._join_cluster(positions)
         assert self.take_over is not None
-        await self.take_over.finish_unfinished(self._unfinished)
-        self._unfinished = []
+        await self.take_over.finish_unfinished()
 
     async def _join_cluster(self, positions: dict[str, str]) -> None:
         """Once this process's lanes are ready: announce them, and read the others'."""

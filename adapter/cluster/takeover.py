@@ -51,7 +51,7 @@ from ..access import AccessMonitor
 from ..routing.lanes import Lane
 from ..routing.numbering import event_number
 from ..sessions.mailbox import Parcel
-from ..sessions.registry import SessionRegistry
+from ..sessions.registry import Move, SessionRegistry
 from ..sessions.session import Session
 from ..storage.checkpoints import CheckpointStore
 from ..storage.pending import PendingStore
@@ -126,6 +126,9 @@ class TakeOver:
         self._gone_after = timedelta(seconds=gone_after_seconds)
         self._lock = asyncio.Lock()
         self._recent: OrderedDict[str, float] = OrderedDict()  # runtime URL -> when it moved
+        # The sessions whose handovers this process had not finished when it stopped, and
+        # those handovers (``hold_unfinished``, at start).
+        self._unfinished: tuple[Move, dict[int, str]] | None = None
         self._filter = {"types": [carrier.BATCH_EVENT], "senders": [bot.user_id]}
 
     async def __call__(self, holder: str, runtime_url: str) -> bool:
@@ -161,25 +164,48 @@ class TakeOver:
         self._recent.move_to_end(runtime_url)
         while len(self._recent) > RECENT_HANDOVERS:
             self._recent.popitem(last=False)
-        await self._processes.ask_for(holder, runtime_url, self._name)
-        found = None
+        # The runtime's line is the move's before the holder is asked: a connection finding
+        # the session this process's waits in it until the session is here.
+        move = self._sessions.moving([runtime_url])
+        try:
+            await move.ready()
+            await self._processes.ask_for(holder, runtime_url, self._name)
+            found = await self._until_handed(holder, runtime_url)
+        except BaseException:
+            self._sessions.adopted(move, {})  # nothing moved
+            raise
+        if isinstance(found, bool):
+            self._sessions.adopted(move, {})  # nothing moved
+            if found:
+                # It died before it could answer: its sessions are taken as a gone one's (a
+                # move of their own, in their lines).
+                async with self._lock:
+                    await self._take(holder, await self._processes.all())
+            return found
+        await self._adopt_handed(move, holder, found, processes, now)
+        return True
+
+    async def _until_handed(self, holder: str, runtime_url: str) -> tuple[Any, str] | bool:
+        """The session's row and handover once ``holder`` has handed it here; False when it
+        did not in time, True when it died first."""
         deadline = time.monotonic() + HANDOVER_SECONDS
         while (found := await self._rows.handed_here(runtime_url)) is None:
             if time.monotonic() > deadline:
                 log.warning("a session was not handed over in time", process=holder)
                 return False
+            # Another process's answer, in the database: read again, there is no event here.
             await asyncio.sleep(0.05)
             if not await self._alive(holder):
-                # It died before it could answer: its sessions are taken as a gone one's.
-                async with self._lock:
-                    await self._take(holder, await self._processes.all())
                 return True
+        return found
+
+    async def _adopt_handed(
+        self, move: Move, holder: str, found: tuple[Any, str], processes: list[Any], asked: float
+    ) -> None:
         row, handover = found
         handed_at = time.monotonic()
         given = orjson.loads(handover)
-        sessions = self._sessions.adopt(
-            [row], await self._checkpoints.next_start(), await self._pending.stored()
-        )
+        sessions = await self._adopt(move, [row])
         before: dict[int, list[Parcel]] = {}
         read_at: float | None = None
         try:
@@ -192,20 +218,29 @@ class TakeOver:
         except Exception:
             log.exception("reading the rooms again for a handed session failed", process=holder)
         finally:
-            self._adopted(sessions, before, {row.id: handover})
+            self._adopted(move, before, {row.id: handover})
         done = time.monotonic()
         log.info(
             "session handed over",
             process=holder,
-            runtime=runtime_url,
+            runtime=row.runtime_url,
             read_again=sum(len(p) for p in before.values()),
             # Where a slow move spends its time: the holder handing it, reading the rooms
             # again, catching up with what the runtime had sent through the holder's lanes.
-            handing_ms=round((handed_at - now) * 1000),
+            handing_ms=round((handed_at - asked) * 1000),
             reading_ms=round((read_at - handed_at) * 1000) if read_at is not None else None,
             catching_up_ms=round((done - read_at) * 1000) if read_at is not None else None,
         )
-        return True
+
+    async def _adopt(self, move: Move, rows: list[Any]) -> list[Session]:
+        """The move's sessions here, from ``rows`` (``SessionRegistry.adopt``); the move is
+        ended if that fails."""
+        try:
+            epoch = await self._checkpoints.next_start()
+            return await self._sessions.adopt(move, rows, epoch, await self._pending.stored())
+        except BaseException:
+            self._sessions.adopted(move, {})  # nothing moved
+            raise
 
     async def give(self, runtime_url: str, to: str) -> None:
         """Hand the runtime's session to process ``to``, if this process holds it."""
@@ -233,14 +268,14 @@ class TakeOver:
             log.error("a session could not be handed over", runtime=runtime_url, to=to)
 
     def _adopted(
-        self, sessions: list[Session], before: dict[int, list[Parcel]], handovers: dict[int, str]
+        self, move: Move, before: dict[int, list[Parcel]], handovers: dict[int, str]
     ) -> None:
-        """Let the taken runtimes go on, with what was read again for them first. Each
-        session's handover stays in its row until that is settled (the runtime acknowledged or
-        this process stored every message of it): should this process die before, the one
-        taking over from it reads again from the same place."""
-        tickets = {session.id: ReadAgain() for session in sessions}
-        self._sessions.adopted(sessions, before, tickets)
+        """Let the taken runtimes go on, with what was read again for them first (the move
+        ends). Each session's handover stays in its row until that is settled (the runtime
+        acknowledged or this process stored every message of it): should this process die
+        before, the one taking over from it reads again from the same place."""
+        tickets = {session.id: ReadAgain() for session in move.sessions}
+        self._sessions.adopted(move, before, tickets)
         self._finishing.spawn(self._finished(handovers, tickets), name="handovers-finished")
 
     async def _finished(self, handovers: dict[int, str], tickets: dict[int, ReadAgain]) -> None:
@@ -282,10 +317,11 @@ class TakeOver:
         )
         if not found:
             return
+        # In the same step as the transaction returns: a connection that finds one of these
+        # sessions this process's from now on waits in its line until the session is here.
+        move = self._sessions.moving(row.runtime_url for row, _handover in found)
         log.warning("taking over the sessions of a node process that is gone", process=gone)
-        epoch = await self._checkpoints.next_start()
-        stored = await self._pending.stored()
-        sessions = self._sessions.adopt([row for row, _handover in found], epoch, stored)
+        sessions = await self._adopt(move, [row for row, _handover in found])
         adopted = {session.id for session in sessions}
         handovers = {row.id: handover for row, handover in found}
         # Every process's lanes, this one's too (registered before it takes anything over).
@@ -311,7 +347,7 @@ class TakeOver:
             # settled may be missing for these runtimes; their sessions go on.
             log.exception("reading the rooms again for taken sessions failed", process=gone)
         finally:
-            self._adopted(sessions, before, handovers)
+            self._adopted(move, before, handovers)
         log.warning(
             "sessions taken over",
             process=gone,
@@ -321,20 +357,26 @@ class TakeOver:
 
     # -- this process's own unfinished handovers, after a restart ------------------------------
 
-    async def hold_unfinished(self) -> list[tuple[Session, str]]:
+    async def hold_unfinished(self) -> None:
         """At start, before any lane is read: the sessions this process was taking over when
         it stopped (handed to it, or a gone process's) and had not finished with (what it
-        read again for them may not have been stored). What is delivered to them is held until
+        read again for them may not have been stored). They are a move, as taken ones are:
+        what is delivered to them is held, and their runtimes wait, until
         ``finish_unfinished`` has read it again."""
         unfinished = dict(await self._rows.unfinished())
-        return [(s, unfinished[s.id]) for s in self._sessions.hold(list(unfinished))]
+        move = await self._sessions.hold(list(unfinished))
+        self._unfinished = (move, {s.id: unfinished[s.id] for s in move.sessions})
 
-    async def finish_unfinished(self, held: list[tuple[Session, str]]) -> None:
+    async def finish_unfinished(self) -> None:
         """Read again, for the sessions ``hold_unfinished`` found, from their handovers; before
         their runtimes may connect."""
-        if not held:
+        if self._unfinished is None:
             return
-        handovers = {session.id: handover for session, handover in held}
+        move, handovers = self._unfinished
+        self._unfinished = None
+        if not handovers:
+            self._sessions.adopted(move, {})
+            return
         before: dict[int, list[Parcel]] = {}
         try:
             lanes = {room: n for row in await self._processes.all() for room, n in row.lanes}
@@ -342,10 +384,10 @@ class TakeOver:
         except Exception:
             log.exception("reading the rooms again for unfinished handovers failed")
         finally:
-            self._adopted([session for session, _h in held], before, handovers)
+            self._adopted(move, before, handovers)
         log.warning(
             "unfinished handovers read again",
-            sessions=len(held),
+            sessions=len(handovers),
             read_again=sum(len(p) for p in before.values()),
         )
 

@@ -13,7 +13,7 @@ import contextlib
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any, Protocol
@@ -30,7 +30,7 @@ from ..tasks import BackgroundTasks
 from .eviction import EvictionOrder
 from .link import CLOSE_REPLACED, Link
 from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket
-from .serial import Serial
+from .serial import Serial, Turn
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
 from .upstream import Upstream
@@ -40,12 +40,11 @@ log = structlog.get_logger(__name__)
 
 # How long a `disconnect` keeps trying to release its session while the database fails.
 RELEASE_RETRY_SECONDS = 60.0
-# How long a connection waits for its session to be taken over from a node process that is
-# gone before it is sent to connect again.
+# How long a connection waits for its session to be moved here from another node process
+# before it is sent to connect again.
 TAKE_OVER_WAIT_SECONDS = 30.0
-# How long a connection waits for a session this process's take-over has just made its own to
-# reach its memory (the transaction is committed; the sessions follow within moments).
-TAKEN_WAIT_SECONDS = 5.0
+# What a move's turn in the runtimes' lines is marked with (``Serial.ahead``).
+MOVE = "move"
 
 # Takes the runtime's session (named second) from the node process holding it (named first):
 # all its sessions if it is gone, this one handed over if it is alive. Whether it did.
@@ -69,6 +68,24 @@ class SessionsFull(Exception):
         super().__init__(refused.reason)
         self.code = refused.code
         self.reason = refused.reason
+
+
+class Move:
+    """Sessions coming to this node process: taken over from another one, or read again after
+    a restart. The runtimes' lines are the move's from ``SessionRegistry.moving`` until
+    ``SessionRegistry.adopted``: whatever else would touch those sessions (a connection, a
+    handover on, an expiry) waits in the lines for it; nothing waits for a move otherwise."""
+
+    __slots__ = ("sessions", "turn")
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        # Those now here and held (what is delivered to them waits until ``adopted``).
+        self.sessions: list[Session] = []
+
+    async def ready(self) -> None:
+        """Until the move holds its lines (whatever was in them before it is done)."""
+        await self.turn.wait()
 
 
 class SessionRows(Protocol):
@@ -169,8 +186,6 @@ class SessionRegistry:
         # This node process's name when the domain runs several: each holds its own sessions.
         self._process = process
         self._take_over = take_over
-        # Runtimes whose sessions are being taken over: their connections wait for it.
-        self._adopting: dict[str, asyncio.Event] = {}
         self._deliveries = deliveries
         self._tokens = tokens
         self._virtual_user = virtual_user
@@ -183,7 +198,14 @@ class SessionRegistry:
         self._by_id: dict[int, Session] = {}
         self._by_runtime: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
-        # Every operation on a runtime's session goes through the runtime's line.
+        # Every operation on a runtime's session that waits in its middle (for the database,
+        # the homeserver, another node process) runs in the runtime's line, one after the
+        # other: attach, detach, disconnect and release, expiry and eviction, admission and
+        # re-authentication, where the session is held, a handover on, a move here (from
+        # ``moving`` to ``adopted``) and the resume's replay. Inside, only the ``..._on_line``
+        # variants: taking the same line again would wait for itself. What never waits
+        # (``mark_used``, an acknowledgement, ``place_refusal``) runs whole, between two steps
+        # of whatever holds the line, and needs no more.
         self._serial = Serial()
         # Sessions without a connection, longest detached first (expiry walks them so); bounded,
         # beyond ``max_detached`` released early in the order of eviction.py.
@@ -265,12 +287,23 @@ class SessionRegistry:
         session.detached_at = time.monotonic() - max((now - last_seen).total_seconds(), 0)
         return session
 
-    def adopt(
-        self, rows: list[Any], epoch: int, stored: dict[int, tuple[int, int]]
+    # -- moves between node processes ---------------------------------------------------------
+
+    def moving(self, runtime_urls: Iterable[str]) -> Move:
+        """A move of the runtimes' sessions here: its turn in their lines is placed now,
+        without waiting, so call it in the same step as the take-over learns them (before
+        asking a live holder; as a gone one's transaction returns): a connection that then
+        finds the session this process's waits in the line until it is here. End it with
+        ``adopted``, whatever happens."""
+        return Move(self._serial.reserve(runtime_urls, MOVE))
+
+    async def adopt(
+        self, move: Move, rows: list[Any], epoch: int, stored: dict[int, tuple[int, int]]
     ) -> list[Session]:
-        """Sessions taken over from a node process that is gone, detached. ``epoch`` is a
-        fresh start count, so their delivery numbers stay above the old holder's. What is
-        delivered to them is held until ``adopted``; their runtimes' connections wait."""
+        """Sessions taken over from another node process, detached, once the move holds their
+        lines. ``epoch`` is a fresh start count, so their delivery numbers stay above the old
+        holder's. What is delivered to them is held until ``adopted``."""
+        await move.ready()
         now = utcnow()
         added = []
         for row in rows:
@@ -281,23 +314,46 @@ class SessionRegistry:
             self._bound.force(session.client)
             self._detached[session.id] = session
             self._eviction.push(session)
-            added.append(session.id)
-        sessions = self.hold(added)
+            added.append(session)
+        self._hold_on_line(move, added)
         self._evict_beyond_bound()
-        return sessions
+        return added
 
-    def hold(self, session_ids: list[int]) -> list[Session]:
+    async def hold(self, session_ids: list[int]) -> Move:
         """Sessions already here that are to be read again (after a restart, a handover not
-        finished): held as adopted ones are, until ``adopted``."""
-        taken = asyncio.Event()
-        held = []
-        for session_id in session_ids:
-            session = self._by_id.get(session_id)
-            if session is not None:
-                session.mailbox.hold()
-                self._adopting[session.runtime_url] = taken
-                held.append(session)
-        return held
+        finished): a move of their own, held as adopted ones are until ``adopted``."""
+        sessions = [s for i in session_ids if (s := self._by_id.get(i)) is not None]
+        move = self.moving(session.runtime_url for session in sessions)
+        try:
+            await move.ready()
+        except BaseException:
+            move.turn.release()
+            raise
+        # Released while the move waited for its lines: nothing to read again for it.
+        self._hold_on_line(move, [s for s in sessions if self._by_id.get(s.id) is s])
+        return move
+
+    @staticmethod
+    def _hold_on_line(move: Move, sessions: list[Session]) -> None:
+        for session in sessions:
+            session.mailbox.hold()
+        move.sessions.extend(sessions)
+
+    def adopted(
+        self,
+        move: Move,
+        before: dict[int, list[Parcel]],
+        tickets: Mapping[int, Ticket] | None = None,
+    ) -> None:
+        """The move's sessions' deliveries read again from the rooms (``before``, per session,
+        each holding the session's ticket in ``tickets`` until settled) come first, then what
+        was held; the move leaves the lines, and their runtimes may connect."""
+        try:
+            for session in move.sessions:
+                ticket = tickets.get(session.id) if tickets is not None else None
+                session.mailbox.unhold(before.get(session.id, []), ticket)
+        finally:
+            move.turn.release()
 
     async def hand_over(
         self, runtime_url: str, at_removal: Callable[[], Any]
@@ -309,49 +365,35 @@ class SessionRegistry:
         result comes back with the session. None when this process does not hold it.
 
         A session this process is still taking (reading the rooms again for it) is handed on
-        once that is done: what was read again must leave with it."""
-        taken = self._adopting.get(runtime_url)
-        if taken is not None:
-            await taken.wait()
+        once that is done, what was read again with it: the move holds its line till then."""
         async with self._serial.line(runtime_url):
-            session = self._by_runtime.get(runtime_url)
-            if session is None:
-                return None
-            attachment = session.attachment
-            if attachment is not None:
-                session.attachment = None
-                session.mailbox.detach(attachment.link)
-                self._connections.dec()
-                self._spawn(attachment.link.close(CLOSE_REPLACED, "taken by another node process"))
-            self._detached.pop(session.id, None)
-            self._by_id.pop(session.id, None)
-            self._by_runtime.pop(session.runtime_url, None)
-            self._by_key.pop(session.key, None)
-            self._give_place(session)
-            self._placeless.discard(session.id)
-            snapshot = at_removal()
-            await session.mailbox.store_all(self._deliveries)
-            session.mailbox.leave()
-            # What still reaches it here (an event being delivered right now) is not kept: the
-            # new holder reads that event again.
-            session.mailbox.discarded = True
-            return session, snapshot
+            return await self._hand_over_on_line(runtime_url, at_removal)
 
-    def adopted(
-        self,
-        sessions: list[Session],
-        before: dict[int, list[Parcel]],
-        tickets: Mapping[int, Ticket] | None = None,
-    ) -> None:
-        """The sessions' deliveries read again from the rooms (``before``, per session, each
-        holding the session's ticket in ``tickets`` until settled) come first, then what was
-        held; their runtimes may connect."""
-        for session in sessions:
-            ticket = tickets.get(session.id) if tickets is not None else None
-            session.mailbox.unhold(before.get(session.id, []), ticket)
-            taken = self._adopting.pop(session.runtime_url, None)
-            if taken is not None:
-                taken.set()
+    async def _hand_over_on_line(
+        self, runtime_url: str, at_removal: Callable[[], Any]
+    ) -> tuple[Session, Any] | None:
+        session = self._by_runtime.get(runtime_url)
+        if session is None:
+            return None
+        attachment = session.attachment
+        if attachment is not None:
+            session.attachment = None
+            session.mailbox.detach(attachment.link)
+            self._connections.dec()
+            self._spawn(attachment.link.close(CLOSE_REPLACED, "taken by another node process"))
+        self._detached.pop(session.id, None)
+        self._by_id.pop(session.id, None)
+        self._by_runtime.pop(session.runtime_url, None)
+        self._by_key.pop(session.key, None)
+        self._give_place(session)
+        self._placeless.discard(session.id)
+        snapshot = at_removal()
+        await session.mailbox.store_all(self._deliveries)
+        session.mailbox.leave()
+        # What still reaches it here (an event being delivered right now) is not kept: the
+        # new holder reads that event again.
+        session.mailbox.discarded = True
+        return session, snapshot
 
     def _new_session(
         self,
@@ -377,12 +419,45 @@ class SessionRegistry:
         self._by_key[session.key] = session
         Lifecycle._tell(self._lifecycle.added, session)
 
+    @contextlib.asynccontextmanager
+    async def _connection_turn(self, runtime_url: str) -> AsyncIterator[None]:
+        """The runtime's line, for a connection: behind a move of its session here it waits
+        only so long (then raises HeldElsewhere: it is sent to connect again)."""
+        turn = self._serial.reserve((runtime_url,))
+        try:
+            if self._serial.ahead(runtime_url, MOVE):
+                try:
+                    async with asyncio.timeout(TAKE_OVER_WAIT_SECONDS):
+                        await turn.wait()
+                except TimeoutError:
+                    raise HeldElsewhere("") from None
+            else:
+                await turn.wait()
+            yield
+        finally:
+            turn.release()
+
     async def held_elsewhere(
         self, runtime_url: str, token: str | None, identity: Identity | None
     ) -> str | None:
         """The node process that holds the runtime's session when another one does ("" for a
-        session nobody holds); None when this process may take the runtime."""
-        if self._process is None or runtime_url in self._by_runtime:
+        session nobody holds); None when this process may take the runtime. Raises
+        HeldElsewhere when a move of the session here takes too long."""
+        if self._process is None:
+            return None
+        async with self._connection_turn(runtime_url):
+            holder = await self._holder_on_line(runtime_url, token, identity)
+        # Out of the line: the take-over is a move, which takes the line (and others) itself.
+        if holder is None or (
+            self._take_over is not None and await self._take_over(holder, runtime_url)
+        ):
+            return None
+        return holder
+
+    async def _holder_on_line(
+        self, runtime_url: str, token: str | None, identity: Identity | None
+    ) -> str | None:
+        if runtime_url in self._by_runtime:
             return None
         found = await self._rows.held(runtime_url)
         if found is None:
@@ -390,8 +465,8 @@ class SessionRegistry:
         holder, row = found
         if holder == self._process:
             # This process took it a moment ago (a take-over committed, its sessions not yet
-            # in memory): the connection goes on once they are (attach waits for the rest).
-            await self._until_taken(runtime_url)
+            # in memory): that move placed its turn in the line as its transaction returned,
+            # so the connection's attach waits in the line until the session is here.
             return None
         # Only a connection that may have the session moves it: taking it over closes the
         # runtime's connection at its holder, which no one else may do to it.
@@ -402,17 +477,7 @@ class SessionRegistry:
             self._admit_with_token(session, identity)
         else:
             self._admit_without_token(session, identity)
-        if self._take_over is not None and await self._take_over(holder, runtime_url):
-            return None
         return holder
-
-    async def _until_taken(self, runtime_url: str) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(TAKEN_WAIT_SECONDS):
-                while not (  # noqa: ASYNC110 - polled: a rare moment, no event to wait on
-                    runtime_url in self._by_runtime or runtime_url in self._adopting
-                ):
-                    await asyncio.sleep(0.02)
 
     def token_for(self, session: Session) -> str:
         return self._tokens.issue(session.id, session.runtime_url, session.claim)
@@ -445,84 +510,102 @@ class SessionRegistry:
         TokenRejected or SessionRefused (401) and leaves the live connection alone.
 
         ``client``: who the connection is (clients.py); a new session counts against its
-        bound and the node's, and raises SessionsFull beyond them."""
-        taken = self._adopting.get(runtime_url)
-        if taken is not None:
-            try:
-                async with asyncio.timeout(TAKE_OVER_WAIT_SECONDS):
-                    await taken.wait()
-            except TimeoutError:
-                raise HeldElsewhere("") from None
-        async with self._serial.line(runtime_url):
+        bound and the node's, and raises SessionsFull beyond them. HeldElsewhere: another
+        process holds the session, or moving it here takes too long."""
+        async with self._connection_turn(runtime_url):
             if token is not None:
                 self.check_token(runtime_url, token)
             session = self._by_runtime.get(runtime_url)
             resumed = session is not None
             if session is None:
-                kept = await self._rows.claim_of(runtime_url)
-                claim = secrets.token_hex(8)
-                if kept is not None and await self._in_use(kept.claim):
-                    self._admit_to_claim(kept, token, identity)
-                    claim = kept.claim
-                user_id = self._virtual_user(runtime_url)
-                key = secrets.token_hex(8)
-                record = identity.to_record() if identity is not None else None
-                # Taken in this step, with no wait since the check: nothing else can take the
-                # last place meanwhile. Given back if the row cannot be written.
-                self._take_place(client, identity)
-                try:
-                    session_id = await self._rows.create(
-                        runtime_url, user_id, key, protect, record, claim, kept, client
-                    )
-                except BaseException:
-                    self._bound.give(client)
-                    raise
-                session = self._new_session(session_id, key, runtime_url, user_id, claim=claim)
-                session.client = client
-                session.mailbox.join(self.tally, client)
-                session.identity = identity
-                session.protected = protect
-                self._add(session)
+                session = await self._create_on_line(runtime_url, token, identity, protect, client)
             else:
-                if token is None:
-                    self._admit_without_token(session, identity)
-                else:
-                    self._admit_with_token(session, identity)
-                proved = session.identity
-                if identity is not None and proved is not None and proved.authenticated:
-                    # The same identity (or, with the token, one for a record that kept no
-                    # key): its latest credential sets how long the node vouches for it.
-                    session.identity = identity
-                if protect and not session.protected:
-                    # Stored before the token is handed out: a restart must not unprotect it.
-                    await self._rows.set_state(
-                        session.id, SessionState.CONNECTED, protect=True, used=True
-                    )
-                    session.protected = True
-                else:
-                    self._note_state(session.id, SessionState.CONNECTED)
-            previous = session.attachment
-            upstream: Upstream | None = None
-            if hello is not None:
-                owner = session
-                upstream, retired = session.upstream_for(
-                    hello.stub, lambda _up: self._on_upstream_progress(owner)
-                )
-                if retired is not None:
-                    self._lifecycle.retire([retired])
-            if resumed:
-                session.used = True
-            attachment = Attachment(session, link, upstream, resumed)
-            session.attachment = attachment
-            session.detached_at = None
-            self._detached.pop(session.id, None)
-            session.mailbox.attach(link, acking=hello is not None)
-            self._connections.inc()
-            if previous is not None:
-                self._connections.dec()
-                log.info("connection replaced", runtime=runtime_url, old_peer=previous.link.peer)
-                self._spawn(previous.link.close(CLOSE_REPLACED, "replaced by a newer connection"))
-            Lifecycle._tell(self._lifecycle.attached, session)
+                await self._readmit_on_line(session, token, identity, protect)
+            return self._bind_on_line(session, link, hello, resumed)
+
+    async def _create_on_line(
+        self,
+        runtime_url: str,
+        token: str | None,
+        identity: Identity | None,
+        protect: bool,
+        client: str,
+    ) -> Session:
+        """A new session for the runtime: its row written, its place in the bounds taken."""
+        kept = await self._rows.claim_of(runtime_url)
+        claim = secrets.token_hex(8)
+        if kept is not None and await self._in_use(kept.claim):
+            self._admit_to_claim(kept, token, identity)
+            claim = kept.claim
+        user_id = self._virtual_user(runtime_url)
+        key = secrets.token_hex(8)
+        record = identity.to_record() if identity is not None else None
+        # Taken in this step, with no wait since the check: nothing else can take the last
+        # place meanwhile. Given back if the row cannot be written.
+        self._take_place(client, identity)
+        try:
+            session_id = await self._rows.create(
+                runtime_url, user_id, key, protect, record, claim, kept, client
+            )
+        except BaseException:
+            self._bound.give(client)
+            raise
+        session = self._new_session(session_id, key, runtime_url, user_id, claim=claim)
+        session.client = client
+        session.mailbox.join(self.tally, client)
+        session.identity = identity
+        session.protected = protect
+        self._add(session)
+        return session
+
+    async def _readmit_on_line(
+        self, session: Session, token: str | None, identity: Identity | None, protect: bool
+    ) -> None:
+        """Whether the connection may have the runtime's session (raises otherwise), and what
+        it brings to it: a fresher credential, the protection of a token."""
+        if token is None:
+            self._admit_without_token(session, identity)
+        else:
+            self._admit_with_token(session, identity)
+        proved = session.identity
+        if identity is not None and proved is not None and proved.authenticated:
+            # The same identity (or, with the token, one for a record that kept no key): its
+            # latest credential sets how long the node vouches for it.
+            session.identity = identity
+        if protect and not session.protected:
+            # Stored before the token is handed out: a restart must not unprotect it.
+            await self._rows.set_state(session.id, SessionState.CONNECTED, protect=True, used=True)
+            session.protected = True
+        else:
+            self._note_state(session.id, SessionState.CONNECTED)
+
+    def _bind_on_line(
+        self, session: Session, link: Link, hello: AckHello | None, resumed: bool
+    ) -> Attachment:
+        """The connection becomes the session's: an older one is closed as replaced."""
+        previous = session.attachment
+        upstream: Upstream | None = None
+        if hello is not None:
+            upstream, retired = session.upstream_for(
+                hello.stub, lambda _up: self._on_upstream_progress(session)
+            )
+            if retired is not None:
+                self._lifecycle.retire([retired])
+        if resumed:
+            session.used = True
+        attachment = Attachment(session, link, upstream, resumed)
+        session.attachment = attachment
+        session.detached_at = None
+        self._detached.pop(session.id, None)
+        session.mailbox.attach(link, acking=hello is not None)
+        self._connections.inc()
+        if previous is not None:
+            self._connections.dec()
+            log.info(
+                "connection replaced", runtime=session.runtime_url, old_peer=previous.link.peer
+            )
+            self._spawn(previous.link.close(CLOSE_REPLACED, "replaced by a newer connection"))
+        Lifecycle._tell(self._lifecycle.attached, session)
         return attachment
 
     def _take_place(self, client: str, identity: Identity | None) -> None:
@@ -557,9 +640,16 @@ class SessionRegistry:
             return None  # may displace an unused session if it proves an identity: attach says
         return refused
 
-    def admit(self, runtime_url: str, token: str | None, identity: Identity | None) -> None:
+    async def admit(self, runtime_url: str, token: str | None, identity: Identity | None) -> None:
         """Raise TokenRejected or SessionRefused unless a connection with ``token`` and
-        ``identity`` may have the runtime's session (checked again by ``attach``)."""
+        ``identity`` may have the runtime's session (checked again by ``attach``); after any
+        move of the session here (HeldElsewhere when that takes too long)."""
+        async with self._connection_turn(runtime_url):
+            self._admit_on_line(runtime_url, token, identity)
+
+    def _admit_on_line(
+        self, runtime_url: str, token: str | None, identity: Identity | None
+    ) -> None:
         if token is not None:
             self.check_token(runtime_url, token)
             session = self._by_runtime.get(runtime_url)
@@ -621,11 +711,18 @@ class SessionRegistry:
                 "credential"
             )
 
-    @staticmethod
-    def reauthenticate(session: Session, identity: Identity) -> None:
+    async def reauthenticate(self, attachment: Attachment, identity: Identity) -> None:
         """A fresh credential presented on the session's open connection (``{cmd: 'auth'}``):
         it must prove the identity the session already has (same key), and then sets how long
-        the node vouches for it. Raises SessionRefused (answer 403), changing nothing."""
+        the node vouches for it. Raises SessionRefused (answer 403), changing nothing; so too
+        when a newer connection took the session meanwhile (it brought its own credential)."""
+        async with self._serial.line(attachment.session.runtime_url):
+            if not attachment.current:
+                raise SessionRefused("the session moved to a newer connection")
+            self._reauthenticate_on_line(attachment.session, identity)
+
+    @staticmethod
+    def _reauthenticate_on_line(session: Session, identity: Identity) -> None:
         proved = session.identity
         if proved is None or not proved.authenticated:
             raise SessionRefused(
@@ -645,10 +742,15 @@ class SessionRegistry:
         self._spawn(self._resume(attachment, received))
 
     async def _resume(self, attachment: Attachment, received: int) -> None:
+        session = attachment.session
         try:
-            await attachment.session.mailbox.resume(self._deliveries, received)
+            async with self._serial.line(session.runtime_url):
+                # Replaced, detached or gone while this waited: the newer connection's own
+                # resume replays (what this one's stub said it received says nothing of it).
+                if attachment.current and not session.released:
+                    await session.mailbox.resume(self._deliveries, received)
         except Exception:
-            log.exception("resume failed", runtime=attachment.session.runtime_url)
+            log.exception("resume failed", runtime=session.runtime_url)
             await attachment.link.close(1011, "resume failed")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -657,9 +759,9 @@ class SessionRegistry:
     async def detach(self, attachment: Attachment) -> None:
         """The socket closed without `disconnect`: keep the session for a resume."""
         async with self._serial.line(attachment.session.runtime_url):
-            await self._detach(attachment)
+            self._detach_on_line(attachment)
 
-    async def _detach(self, attachment: Attachment) -> None:
+    def _detach_on_line(self, attachment: Attachment) -> None:
         session = attachment.session
         if not attachment.current:
             return
@@ -718,7 +820,7 @@ class SessionRegistry:
             # release is tried again rather than left to the session's lifetime, during which a
             # tokenless connect of the runtime would be refused. Its next connect waits here.
             await retry(
-                lambda: self._release(attachment.session),
+                lambda: self._release_on_line(attachment.session),
                 Backoff(0.25, 5.0),
                 deadline=asyncio.get_running_loop().time() + RELEASE_RETRY_SECONDS,
                 on_retry=lambda exc, _delay: log.warning(
@@ -731,9 +833,9 @@ class SessionRegistry:
         """`disconnect`, or expiry: forget the session and everything it owned. A connection
         of the same runtime attaching meanwhile waits until it is gone, then gets a new one."""
         async with self._serial.line(session.runtime_url):
-            await self._release(session)
+            await self._release_on_line(session)
 
-    async def _release(self, session: Session) -> None:
+    async def _release_on_line(self, session: Session) -> None:
         if session.released:
             return
         # The row first: if the database refuses, the session stays whole (its caller hears of
@@ -784,7 +886,7 @@ class SessionRegistry:
         async with self._serial.line(session.runtime_url):
             if session.attachment is None:
                 try:
-                    await self._release(session)
+                    await self._release_on_line(session)
                 except Exception:  # the database away: kept, the next expiry round retries
                     log.exception("releasing a session failed", runtime=session.runtime_url)
                     self._detached[session.id] = session

@@ -176,12 +176,14 @@ class StubEndpoint:
                 )
             try:
                 identity = await self._authenticate(query.get("auth_type"), query.get("auth_token"))
-                self._sessions.admit(runtime_url, token, identity)
+                await self._sessions.admit(runtime_url, token, identity)
                 holder = await self._sessions.held_elsewhere(runtime_url, token, identity)
             except (TokenRejected, IdentityRejected, SessionRefused) as exc:
                 raise web.HTTPUnauthorized(text=str(exc)) from None
             except IdentityUnavailable as exc:
                 raise web.HTTPServiceUnavailable(text=exc.reason) from None
+            except HeldElsewhere as exc:  # moving here took too long
+                holder = exc.holder or ""
             if holder is not None:
                 raise web.HTTPServiceUnavailable(
                     text=_held_elsewhere(holder), headers={"Retry-After": "1"}
@@ -520,7 +522,7 @@ class StubEndpoint:
                 fresh = await self._authenticate(data.get("type"), data.get("token"))
                 if fresh is None:
                     raise IdentityRejected("no credential")
-                self._sessions.reauthenticate(attachment.session, fresh)
+                await self._sessions.reauthenticate(attachment, fresh)
             except IdentityRejected as exc:
                 await conn.send(control_error(401, exc.reason, cmd="auth"))
                 return attachment

@@ -72,18 +72,18 @@ def test_the_node_vouches_until_exp_and_a_fresh_credential_extends_it() -> None:
     alice = session(oidc("alice", exp=now - 1))
     assert alice.vouched_until == now - 1 and alice.identity_expired
     fresh = oidc("alice", exp=now + 600)
-    SessionRegistry.reauthenticate(alice, fresh)
+    SessionRegistry._reauthenticate_on_line(alice, fresh)
     assert alice.identity is fresh and alice.vouched_until == now + 600
     assert not alice.identity_expired
     # Another subject, same e-mail: refused, nothing changes.
     with pytest.raises(SessionRefused, match="another identity"):
-        SessionRegistry.reauthenticate(alice, oidc("mallory", exp=now + 900))
+        SessionRegistry._reauthenticate_on_line(alice, oidc("mallory", exp=now + 900))
     assert alice.identity is fresh
     # A session that proved nobody takes no identity on the way.
     anonymous = session(None)
     assert anonymous.vouched_until == math.inf and not anonymous.identity_expired
     with pytest.raises(SessionRefused, match="proved no identity"):
-        SessionRegistry.reauthenticate(anonymous, fresh)
+        SessionRegistry._reauthenticate_on_line(anonymous, fresh)
     assert anonymous.identity is None
     # Matrix identities have no known end.
     matrix = session(Identity("@a:hs", "hs", "matrix", True, "@a:hs"))

@@ -15,7 +15,6 @@ STILL_LONG = {
     "adapter/analytics/job.py::_analyse",
     "adapter/observability.py::NodeMetrics.__init__",
     "adapter/routing/ingress.py::Ingress._decide",
-    "adapter/sessions/registry.py::SessionRegistry.attach",
     "adapter/stub/endpoint.py::StubEndpoint._serve",
 }
 
