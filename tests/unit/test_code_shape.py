@@ -12,11 +12,7 @@ MAX_LINES = 80
 
 # path::qualified name → what is left to split (issue 44). Remove an entry once it is short.
 STILL_LONG = {
-    "adapter/analytics/job.py::_analyse",
-    "adapter/observability.py::NodeMetrics.__init__",
-    "adapter/routing/ingress.py::Ingress._decide",
     "adapter/sessions/registry.py::SessionRegistry.attach",
-    "adapter/stub/endpoint.py::StubEndpoint._serve",
 }
 
 
