@@ -101,6 +101,20 @@ class NodeMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._add_connection_metrics(registry)
+        self._add_event_loop_metrics(registry)
+        self._add_message_metrics(registry)
+        self._add_homeserver_metrics(registry)
+        self._add_peer_metrics(registry)
+        self.health_check_seconds = Gauge(
+            "rethink_mn_health_check_seconds",
+            "Duration of the last health probe, by component.",
+            ["component"],
+            registry=registry,
+        )
+
+    def _add_connection_metrics(self, registry: CollectorRegistry) -> None:
+        """Stub sockets, sessions and what bounds them."""
         # "attached": sockets bound to a session; "handshaking": open sockets that have not
         # completed their handshake yet (closed after stub.handshake_seconds).
         self.stub_connections = Gauge(
@@ -113,6 +127,15 @@ class NodeMetrics:
             "rethink_mn_stub_handshake_timeouts_total",
             "Stub sockets closed for not completing their handshake in time.",
             registry=registry,
+        )
+        self.connect_seconds = Histogram(
+            "rethink_mn_stub_connect_seconds",
+            "From a runtime's connect reaching the node (the WebSocket upgrade request, or the "
+            "connect frame of the v1 handshake) to the node's answer, by session (new or "
+            "resumed).",
+            ["session"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
         self.bound_refusals = Counter(
             "rethink_mn_bound_refusals_total",
@@ -131,6 +154,20 @@ class NodeMetrics:
             "Runtime sessions the node holds (attached or detached).",
             registry=registry,
         )
+        self.sessions_evicted = Counter(
+            "rethink_mn_sessions_evicted_total",
+            "Detached sessions released before their lifetime ended: too many were detached.",
+            registry=registry,
+        )
+        self.quota_refusals = Counter(
+            "rethink_mn_quota_refusals_total",
+            "Requests refused, or deliveries dropped, because a session reached a quota.",
+            ["quota"],
+            registry=registry,
+        )
+
+    def _add_event_loop_metrics(self, registry: CollectorRegistry) -> None:
+        """What holds the event loop (and so every delivery)."""
         self.tasks = Gauge(
             "rethink_mn_event_loop_tasks",
             "Tasks alive on the node's event loop (read at scrape time): a count that only "
@@ -164,15 +201,9 @@ class NodeMetrics:
             registry=registry,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         )
-        self.connect_seconds = Histogram(
-            "rethink_mn_stub_connect_seconds",
-            "From a runtime's connect reaching the node (the WebSocket upgrade request, or the "
-            "connect frame of the v1 handshake) to the node's answer, by session (new or "
-            "resumed).",
-            ["session"],
-            registry=registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-        )
+
+    def _add_message_metrics(self, registry: CollectorRegistry) -> None:
+        """reTHINK messages in and out, end to end."""
         self.messages_in = Counter(
             "rethink_mn_messages_received_total",
             "reTHINK messages received from stubs, by outcome.",
@@ -185,6 +216,30 @@ class NodeMetrics:
             ["path"],
             registry=registry,
         )
+        self.duplicates = Counter(
+            "rethink_mn_duplicates_dropped_total",
+            "Messages not routed again: resends of what the node had already taken, by where "
+            "they were recognised.",
+            ["where"],
+            registry=registry,
+        )
+        self.failed_items = Counter(
+            "rethink_mn_failed_items_total",
+            "Messages that failed inside the node on a path that carries many together (a lane "
+            "event's delivery, a peer's event), by path: each was answered to its sender with "
+            "an error, or skipped and logged, and the others went on.",
+            ["path"],
+            registry=registry,
+        )
+        self.route_seconds = Histogram(
+            "rethink_mn_route_seconds",
+            "From a message's arrival at the node to its delivery to the destination stub.",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+
+    def _add_homeserver_metrics(self, registry: CollectorRegistry) -> None:
+        """The node's own room events, checkpoints and background streams."""
         self.matrix_events_out = Counter(
             "rethink_mn_matrix_events_sent_total",
             "Room events the node sent to carry reTHINK messages, by carrier.",
@@ -223,32 +278,11 @@ class NodeMetrics:
             "acknowledge.",
             registry=registry,
         )
-        self.quota_refusals = Counter(
-            "rethink_mn_quota_refusals_total",
-            "Requests refused, or deliveries dropped, because a session reached a quota.",
-            ["quota"],
-            registry=registry,
-        )
-        self.duplicates = Counter(
-            "rethink_mn_duplicates_dropped_total",
-            "Messages not routed again: resends of what the node had already taken, by where "
-            "they were recognised.",
-            ["where"],
-            registry=registry,
-        )
         self.refused_items = Counter(
             "rethink_mn_homeserver_refused_items_total",
             "Items (messages, journal entries) the homeserver refused to carry for good, by "
             "stream; each routed one was answered to its sender with an error.",
             ["stream"],
-            registry=registry,
-        )
-        self.failed_items = Counter(
-            "rethink_mn_failed_items_total",
-            "Messages that failed inside the node on a path that carries many together (a lane "
-            "event's delivery, a peer's event), by path: each was answered to its sender with "
-            "an error, or skipped and logged, and the others went on.",
-            ["path"],
             registry=registry,
         )
         self.stream_dropped = Counter(
@@ -265,11 +299,9 @@ class NodeMetrics:
             ["reason"],
             registry=registry,
         )
-        self.sessions_evicted = Counter(
-            "rethink_mn_sessions_evicted_total",
-            "Detached sessions released before their lifetime ended: too many were detached.",
-            registry=registry,
-        )
+
+    def _add_peer_metrics(self, registry: CollectorRegistry) -> None:
+        """Other reTHINK domains' nodes (federation and flow control)."""
         self.peer_events = Counter(
             "rethink_mn_peer_events_total",
             "Peer domains' events not handled in order, by what happened: not_held (beyond the "
@@ -322,18 +354,6 @@ class NodeMetrics:
             "rethink_mn_peer_unconfirmed_events",
             "Events sent to a peer domain that its node has not yet confirmed handling.",
             ["peer"],
-            registry=registry,
-        )
-        self.route_seconds = Histogram(
-            "rethink_mn_route_seconds",
-            "From a message's arrival at the node to its delivery to the destination stub.",
-            registry=registry,
-            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        )
-        self.health_check_seconds = Gauge(
-            "rethink_mn_health_check_seconds",
-            "Duration of the last health probe, by component.",
-            ["component"],
             registry=registry,
         )
 

@@ -22,6 +22,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -342,6 +343,19 @@ def run_analysis(
             inventory.exclude(path, f"corrupt data, reading failed: {_first_line(error)}")
 
 
+@dataclass(frozen=True)
+class _Findings:
+    """What summary.json takes from the aggregates as they are written."""
+
+    codes: list[dict[str, Any]]
+    routes: list[dict[str, Any]]
+    overall: list[dict[str, Any]]
+    distribution: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    operations: dict[str, Any]
+    null_fields: dict[str, Any]
+
+
 def _analyse(
     spark: SparkSession,
     run: _Run,
@@ -373,6 +387,26 @@ def _analyse(
     if rows["messages"] + rows["receipts"] == 0:
         return _empty(run, summary, notes)
 
+    findings = _write_aggregates(run, messages, traffic, per_message, fanout, top_n, notes)
+    summary.update(
+        status="ok" if _read_whole(inputs, rows, windowed=since_ms is not None) else "partial",
+        notes=notes,
+        **_traffic_summary(findings, totals, receipt_totals),
+        aggregates=list(run.written),
+    )
+    return run.finish(summary)
+
+
+def _write_aggregates(
+    run: _Run,
+    messages: DataFrame,
+    traffic: DataFrame,
+    per_message: DataFrame,
+    fanout: DataFrame,
+    top_n: int,
+    notes: list[str],
+) -> _Findings:
+    """Writes every aggregate but the empty export's; a caveat on one goes to ``notes``."""
     talkers = run.rollup("talker_rollup", agg.talker_rollup(messages))
     run.write(names.MESSAGES_PER_MINUTE, agg.messages_per_minute(traffic))
     run.write(names.DOMAIN_TRAFFIC, agg.domain_traffic(talkers))
@@ -402,49 +436,68 @@ def _analyse(
     operations = _first(agg.service_operation_totals(churn))
     run.write(names.CHURN_PER_MINUTE, agg.churn_per_minute(churn))
     events = run.write(names.BATCHING, agg.batching(messages))
-    null_fields = _first(agg.null_field_totals(talkers))
+    return _Findings(
+        codes=codes,
+        routes=routes,
+        overall=overall,
+        distribution=distribution,
+        events=events,
+        operations=operations,
+        null_fields=_first(agg.null_field_totals(talkers)),
+    )
 
-    coded = [row for row in codes if row["response_code"] is not None]
-    responses_coded = sum(row["responses"] for row in coded)
-    errors = sum(row["responses"] for row in coded if row["response_code"] >= 400)
+
+def _read_whole(inputs: Inputs, rows: dict[str, int], *, windowed: bool) -> bool:
+    """Whether every input file was read and (unless windowed) every row its footer lists."""
     lost = sum(
         inventory.footer_rows - rows[name]
         for name, inventory in inputs.items()
-        if inventory.listed and since_ms is None
+        if inventory.listed and not windowed
     )
     skipped = sum(len(inventory.skipped) for inventory in inputs.values())
-    latency = overall[0] if overall else {}
-    delivery = next((row for row in routes if row["all_routes"]), {})
-    summary.update(
-        status="partial" if skipped or lost > 0 else "ok",
-        notes=notes,
-        messages={
+    return not skipped and lost <= 0
+
+
+def _traffic_summary(
+    findings: _Findings, totals: dict[str, Any], receipt_totals: dict[str, Any]
+) -> dict[str, Any]:
+    """summary.json's sections on the traffic, from the totals and the aggregates written."""
+    codes = findings.codes
+    coded = [row for row in codes if row["response_code"] is not None]
+    responses_coded = sum(row["responses"] for row in coded)
+    errors = sum(row["responses"] for row in coded if row["response_code"] >= 400)
+    latency = findings.overall[0] if findings.overall else {}
+    delivery = next((row for row in findings.routes if row["all_routes"]), {})
+    distribution = findings.distribution
+    operations = findings.operations
+    return {
+        "messages": {
             **{
                 key: value
                 for key, value in totals.items()
                 if key not in ("rows", "ts_min", "ts_max")
             },
-            **null_fields,
+            **findings.null_fields,
         },
-        events=sum(row["events"] for row in events),
-        time_range={"ts_min": totals.get("ts_min"), "ts_max": totals.get("ts_max")},
-        responses={
+        "events": sum(row["events"] for row in findings.events),
+        "time_range": {"ts_min": totals.get("ts_min"), "ts_max": totals.get("ts_max")},
+        "responses": {
             "total": sum(row["responses"] for row in codes),
             "with_code": responses_coded,
             "errors": errors,
             "error_rate": errors / responses_coded if responses_coded else None,
         },
-        latency={
+        "latency": {
             "pairs": _as_int(latency.get("pairs")),
             "p50_ms": latency.get("p50_ms"),
             "p99_ms": latency.get("p99_ms"),
         },
-        delivery_latency={
+        "delivery_latency": {
             "pairs": _as_int(delivery.get("pairs")),
             "p50_ms": delivery.get("p50_ms"),
             "p99_ms": delivery.get("p99_ms"),
         },
-        fanout={
+        "fanout": {
             "routed_messages": sum(row["messages"] for row in distribution),
             "without_receipt": sum(
                 row["messages"] for row in distribution if row["delivered"] is None
@@ -453,13 +506,11 @@ def _analyse(
                 receipt_totals.get("receipt_rows_without_message")
             ),
         },
-        service_operations={
+        "service_operations": {
             "allocation_and_subscription_requests": _as_int(operations.get("operations")),
             "unanswered": _as_int(operations.get("unanswered")),
         },
-        aggregates=list(run.written),
-    )
-    return run.finish(summary)
+    }
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -47,6 +47,7 @@ from ..routing.ingress import Ingress, ServiceDirectory
 from ..routing.journal import Journal
 from ..routing.lanes import Lane, Lanes, Outboxes
 from ..routing.local_origins import LocalOrigins, is_local
+from ..routing.marks import SenderMarks
 from ..routing.policy import MessageGate
 from ..routing.publisher import Publisher, node_origin
 from ..routing.recovery import LaneRecovery
@@ -200,7 +201,9 @@ class Core:
         self.rules = RuleEngine()
         self.rule_store = PolicyStore(self.db, self.rules)
         self.policy = MessageGate(cfg.policy, self.rules)
-        self.settlement = Settlement(self.checkpoints, self.metrics)
+        # Per sender id, the highest number routed and settled: delivery and settlement share it.
+        self.sender_marks = SenderMarks()
+        self.settlement = Settlement(self.checkpoints, self.metrics, self.sender_marks)
         self.acks = AckSender()
         self._background = BackgroundTasks(
             "node", self.metrics.background_failures.labels("node").inc
@@ -256,7 +259,7 @@ class Core:
             self.sessions,
             self.journal,
             self.metrics,
-            {},
+            self.sender_marks,
             cfg.quotas.waiting_bytes,
             hooks.foreign,
             hooks.send_on,
@@ -301,8 +304,8 @@ class Core:
     # -- parts --------------------------------------------------------------------------------
 
     def _local_origins(self) -> LocalOrigins:
-        """This domain's runtimes' sender marks, bounded per client and in total: delivery
-        tells of each origin's first mark."""
+        """This domain's runtimes' sender marks, bounded per client and in total: the marks
+        tell of each origin's first one."""
         quotas = self.config.quotas
         origins = LocalOrigins(
             self._client_of_origin,
@@ -311,7 +314,7 @@ class Core:
             quotas.marks_total,
             self.metrics.bound_refused,
         )
-        self.delivery.on_new_origin = origins.seen
+        self.sender_marks.on_new_origin = origins.seen
         return origins
 
     def stream_limits(self, min_interval: float = 0.0, one_event_below: int = 0) -> StreamLimits:
@@ -506,8 +509,6 @@ class Core:
 
     def _drop_local_origins(self, origins: list[str]) -> None:
         """Those sender ids' marks go, from memory and (at the next checkpoint) the database."""
-        for origin in origins:
-            self.delivery.forget(origin)
         self.settlement.let_go(origins)
 
     def restore_local_origins(self, marks: dict[str, int]) -> None:

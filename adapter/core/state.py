@@ -32,8 +32,7 @@ async def load_state(core: Core) -> None:
     epoch = await core.checkpoints.next_start()
     core.publisher.begin(epoch)
     marks = await core.checkpoints.marks()
-    core.settlement.restore(marks)
-    core.delivery.restore(marks)
+    core.sender_marks.restore(marks)
     for loaded in core.hooks.marks_loaded:
         loaded(epoch, marks)
     await core.rule_store.load()

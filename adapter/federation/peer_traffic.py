@@ -390,7 +390,6 @@ class PeerFeeds:
     def _drop_origins(self, origins: list[str], peer: Peer | None) -> None:
         """Let those sender ids' marks go, from memory and from the database."""
         for origin in origins:
-            self._delivery.forget(origin)
             self._relayed.pop(origin, None)
         rooms = self._rooms_of.get(peer.domain, ()) if peer is not None else ()
         self._settlement.drop(origins, rooms)

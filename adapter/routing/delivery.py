@@ -27,6 +27,7 @@ from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session
 from ..storage.database import unavailable as database_unavailable
 from .journal import Journal
+from .marks import SenderMarks
 from .settlement import Ticket
 
 log = structlog.get_logger(__name__)
@@ -51,7 +52,7 @@ class Delivery:
         sessions: SessionRegistry,
         journal: Journal,
         metrics: NodeMetrics,
-        marks: dict[str, int],
+        marks: SenderMarks,
         waiting_limit: int = 64 * 1024 * 1024,
         foreign: Callable[[str], str | None] | None = None,
         send_on: SendOn | None = None,
@@ -64,12 +65,12 @@ class Delivery:
         self._live = metrics.messages_out.labels("live")
         self._queued = metrics.messages_out.labels("queued")
         self._events_delivered = metrics.matrix_events_in.labels("delivered")
-        # Per origin, the highest message number routed so far (restored from the settled
-        # marks at start, then kept up to date here). Written only here: others read it.
-        self._marks = marks
-        # Told of an origin's first mark (the node bounds how many it keeps per client:
-        # local_origins.py); may let other origins' marks go, never this one's.
-        self.on_new_origin: Callable[[str], None] = lambda _origin: None
+        # The senders' marks (shared with settlement): a message not above its sender's
+        # routed mark is a resend; one handed on moves it. Bound once: every message reads
+        # and moves a mark.
+        self._routed_marks = marks.routed
+        self._route = marks.route
+        self.routed_through: Callable[[str], int] = marks.routed_through
         self._waiting_limit = waiting_limit
         # The peer domain of an address of another domain (None: this node routes inside its
         # domain): a message for one that has no destination here is not a lost one.
@@ -79,19 +80,8 @@ class Delivery:
 
     @property
     def marks(self) -> Mapping[str, int]:
-        return self._marks
-
-    def routed_through(self, origin: str) -> int:
-        return self._marks.get(origin, 0)
-
-    def restore(self, marks: Mapping[str, int]) -> None:
-        """At a start: the settled marks the database kept."""
-        self._marks.update(marks)
-
-    def forget(self, origin: str) -> None:
-        """An origin that carries no more messages (retired, or a peer's let go): its mark
-        leaves memory (the settlement decides when it leaves the database)."""
-        self._marks.pop(origin, None)
+        """The routed marks, by origin."""
+        return self._routed_marks
 
     async def deliver(
         self,
@@ -106,7 +96,8 @@ class Delivery:
         the node answers or acts on some itself) and gives what is delivered, or None; the
         sender's mark moves only for what it admitted."""
         delivered: list[int] = []
-        marks = self._marks
+        marks = self._routed_marks
+        route = self._route
         for routed in messages:
             origin = routed.sender.origin
             if routed.oseq <= marks.get(origin, 0):
@@ -128,11 +119,7 @@ class Delivery:
             delivered.append(reached)
             # Marked once handed to its mailboxes: an event delivered again after a failure
             # here skips what was handed on before it, and no more.
-            if origin not in marks:
-                self.on_new_origin(origin)
-            marks[origin] = routed.oseq
-            if ticket is not None:
-                ticket.marks[origin] = routed.oseq
+            route(origin, routed.oseq, ticket)
         if ticket is not None:
             ticket.seal()
             if ticket.event_id is not None:

@@ -15,13 +15,13 @@ session's mailbox, so a stub that acknowledges deliveries gets them again after 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from time import time
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
-from ..access import LEARN, AccessMonitor, Claim, Principal, Refusal, no_claims
+from ..access import LEARN, AccessMonitor, Claim, Principal, Refusal, SpeakFrom, no_claims
 from ..bounds import Bound, SessionShares
 from ..carrier import Routed
 from ..config import QuotaConfig
@@ -48,7 +48,7 @@ from ..services.registry import (
 )
 from ..sessions.link import Link
 from ..sessions.mailbox import Parcel, Waiting, WaitingBounds, waiting_refusal
-from ..sessions.session import CREDENTIAL_EXPIRED, Attachment
+from ..sessions.session import CREDENTIAL_EXPIRED, Attachment, Session
 from ..sessions.upstream import Pending, Settles
 from ..storage.database import unavailable as database_unavailable
 from ..storage.routes import RouteStore
@@ -73,6 +73,18 @@ ANSWER_NOT_WRITTEN = "done; the node could not write the answer's value"
 
 # The schemes of every address a service of the node has.
 _SERVICE_SCHEMES = ("domain://", "global://")
+
+HOMESERVER_BEHIND = "the node is waiting for the homeserver; retry later"
+
+
+class Refused(Protocol):
+    """A refusal from any of the checks (access, policy, bounds): what its sender is told."""
+
+    @property
+    def code(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
 
 
 class ServiceDirectory:
@@ -228,7 +240,14 @@ class Ingress:
         """Returns whether the message is done later: when the events carrying it are
         persisted, or when the node's answer to it is settled (acknowledged by its stub, or
         stored), so that an acknowledged request never has an answer that lives only in
-        memory."""
+        memory.
+
+        The steps, each of which may refuse it: is the message well formed, may its sender
+        send it (credential, address, policy, asserted identity), is it for an MN service,
+        may it go to each addressee (learning the address it comes from), where does it go
+        (sessions here, peer domains), is there room for it there; then it goes to its
+        lanes. Every runtime message comes this way: the steps that wait (a claim, learning,
+        catching up, peer domains, backpressure) are taken only when they are needed."""
         session = attachment.session
         try:
             message = check_header(raw, parsed)
@@ -244,11 +263,9 @@ class Ingress:
             claimed = await self._claim(session, speaking.address)
             if claimed is not None:
                 speaking = claimed
-        if isinstance(speaking, Refusal):
-            return await self._refuse(attachment, message, speaking.code, speaking.reason, pending)
-        denial = self._policy.check(session.id, message, session.identity)
-        if denial is not None:
-            return await self._refuse(attachment, message, denial.code, denial.reason, pending)
+        refused = self._sender_refusal(session, message, speaking)
+        if refused is not None:
+            return await self._refuse(attachment, message, refused.code, refused.reason, pending)
         raw, refusal = self._assert_identity(session.identity, message)
         if refusal is not None:
             return await self._refuse(attachment, message, 403, refusal, pending)
@@ -261,44 +278,12 @@ class Ingress:
                 return False
             return await self._serve(service, attachment, message, pending)
 
-        for address in message.to:
-            refused = self._monitor.send_to(session.id, address)
-            if refused is not None:
-                return await self._refuse(
-                    attachment, message, refused.code, refused.reason, pending
-                )
-        if message.type == "response":
-            refused = self._monitor.answer(message.to, message.id, message.from_)
-            if refused is not None:
-                return await self._refuse(
-                    attachment, message, refused.code, refused.reason, pending
-                )
-        if speaking is LEARN:
-            if self._table.holdings(session.id).learned >= self._quotas.learned_routes:
-                self._metrics.quota_refusals.labels("learned_routes").inc()
-                return await self._refuse(
-                    attachment,
-                    message,
-                    429,
-                    f"a runtime may send from at most {self._quotas.learned_routes} addresses "
-                    "it was not allocated",
-                    pending,
-                )
-            bounded = self.learned.take(session.id)
-            if bounded is not None:
-                return await self._refuse(
-                    attachment, message, bounded.code, bounded.reason, pending
-                )
-            if not self._table.learn(session.id, message.from_):
-                self.learned.give(session.id)
-            else:
-                try:
-                    await self._routes.learn(session.id, message.from_)
-                except BaseException:
-                    # Not stored: not learned either (the message is sent again, or refused);
-                    # the table gives its place back.
-                    self._table.unlearn(session.id, message.from_)
-                    raise
+        refused = self._addressee_refusal(session.id, message)
+        if refused is None and speaking is LEARN:
+            refused = await self._learn(session.id, message.from_)
+        if refused is not None:
+            return await self._refuse(attachment, message, refused.code, refused.reason, pending)
+
         destinations = self._monitor.receivers(message.to, session.id)
         remote = self._remote_domains(message.to, destinations.domains, session.id)
         if not destinations.known and not remote and self._catch_up is not None:
@@ -312,39 +297,106 @@ class Ingress:
             return await self._refuse(
                 attachment, message, 404, f"no route to {' '.join(message.to)}", pending
             )
-        outboxes: list[Outbox] = []
-        for domain in sorted(remote):
-            assert self._abroad is not None  # there are remote domains only with it
-            try:
-                link = await self._abroad.outbox(domain)
-            except PeerRefused as refused:
-                return await self._refuse(
-                    attachment, message, refused.code, refused.reason, pending
-                )
-            if link is not None:
-                outboxes.append(link)
+        try:
+            outboxes = await self._peer_outboxes(remote) if remote else []
+        except PeerRefused as peer:
+            return await self._refuse(attachment, message, peer.code, peer.reason, pending)
         if destinations.sessions or not outboxes:
             outboxes.insert(0, self._outboxes.for_session(session))
 
-        for owner in destinations.owners:
-            problem = waiting_refusal(
-                self._waiting_bytes(owner, session.key), len(raw), self._waiting_bounds
-            )
-            if problem is not None:
-                self._metrics.quota_refusals.labels("waiting_bytes").inc()
-                return await self._refuse(attachment, message, *problem, pending)
-
+        full = self._waiting_refusal(destinations.owners, session.key, len(raw))
+        if full is not None:
+            return await self._refuse(attachment, message, *full, pending)
         for outbox in outboxes:
             if not outbox.has_room_for(len(raw)) and not await self._wait_for_room(
                 outbox, len(raw), attachment
             ):
-                return await self._refuse(
-                    attachment,
-                    message,
-                    503,
-                    "the node is waiting for the homeserver; retry later",
-                    pending,
-                )
+                return await self._refuse(attachment, message, 503, HOMESERVER_BEHIND, pending)
+        self._push(attachment, message, raw, outboxes, pending)
+        return True
+
+    def _sender_refusal(
+        self, session: Session, message: Message, speaking: SpeakFrom
+    ) -> Refused | None:
+        """Why the session may not send this message as it is: not from that address, or
+        not by the node's policy (rates, rules)."""
+        if isinstance(speaking, Refusal):
+            return speaking
+        return self._policy.check(session.id, message, session.identity)
+
+    def _addressee_refusal(self, session_id: int, message: Message) -> Refused | None:
+        """Why the message may not go to one of its addressees: a stream it may not publish
+        on, or (a response) a requester that did not ask its sender."""
+        for address in message.to:
+            refused = self._monitor.send_to(session_id, address)
+            if refused is not None:
+                return refused
+        if message.type == "response":
+            return self._monitor.answer(message.to, message.id, message.from_)
+        return None
+
+    async def _learn(self, session_id: int, address: str) -> Refused | None:
+        """The session speaks from an address nobody holds: it becomes the session's (its
+        route learned and stored), unless the session, its client or the node holds its most
+        learned addresses."""
+        if self._table.holdings(session_id).learned >= self._quotas.learned_routes:
+            self._metrics.quota_refusals.labels("learned_routes").inc()
+            return Refusal(
+                429,
+                f"a runtime may send from at most {self._quotas.learned_routes} addresses "
+                "it was not allocated",
+            )
+        bounded = self.learned.take(session_id)
+        if bounded is not None:
+            return bounded
+        if not self._table.learn(session_id, address):
+            self.learned.give(session_id)
+            return None
+        try:
+            await self._routes.learn(session_id, address)
+        except BaseException:
+            # Not stored: not learned either (the message is sent again, or refused); the
+            # table gives its place back.
+            self._table.unlearn(session_id, address)
+            raise
+        return None
+
+    async def _peer_outboxes(self, remote: set[str]) -> list[Outbox]:
+        """The outboxes to each peer domain the message goes to (raises PeerRefused when one
+        refuses it)."""
+        assert self._abroad is not None  # there are remote domains only with it
+        outboxes: list[Outbox] = []
+        for domain in sorted(remote):
+            link = await self._abroad.outbox(domain)
+            if link is not None:
+                outboxes.append(link)
+        return outboxes
+
+    def _waiting_refusal(
+        self, owners: Iterable[int], sender_key: str, size: int
+    ) -> tuple[int, str] | None:
+        """Why the message may not wait for one of the sessions it goes to: that session (its
+        client, the node) keeps too much already, or too much of this sender's."""
+        for owner in owners:
+            problem = waiting_refusal(
+                self._waiting_bytes(owner, sender_key), size, self._waiting_bounds
+            )
+            if problem is not None:
+                self._metrics.quota_refusals.labels("waiting_bytes").inc()
+                return problem
+        return None
+
+    def _push(
+        self,
+        attachment: Attachment,
+        message: Message,
+        raw: str,
+        outboxes: list[Outbox],
+        pending: Pending | None,
+    ) -> None:
+        """The message goes to its lanes, numbered as its sender's: by its stub, or (a stub
+        that does not number its messages) by the node."""
+        session = attachment.session
         upstream = attachment.upstream
         if upstream is not None and pending is not None:
             sender, oseq = session.sender(upstream.origin), pending.seq
@@ -359,7 +411,6 @@ class Ingress:
         if message.type != "response":
             session.asked.note(message.id, message.to)
         self._routed.inc()
-        return True
 
     def _remote_domains(
         self, addresses: tuple[str, ...], subscribed: frozenset[str], session_id: int

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 
 import structlog
 
@@ -26,12 +26,14 @@ from ..observability import NodeMetrics
 from ..retry import Backoff
 from ..sessions.mailbox import Entry, Mailbox
 from ..storage.checkpoints import CheckpointStore
+from .marks import SenderMarks
 
 log = structlog.get_logger(__name__)
 
 
 class Ticket:
-    """One delivered lane event: how many of its deliveries are not settled yet."""
+    """One delivered lane event: how many of its deliveries are not settled yet, and its
+    messages' marks (written by SenderMarks: the event's share of the settled marks)."""
 
     __slots__ = ("event_id", "marks", "pending", "sealed")
 
@@ -70,29 +72,18 @@ class LaneLedger:
         self._open.append(ticket)
         return ticket
 
-    def drop(self, origins: Collection[str]) -> None:
-        """Those origins' marks leave the events still open (see ``Settlement.drop``)."""
-        for ticket in self._open:
-            marks = ticket.marks
-            if len(marks) <= len(origins):
-                for origin in [o for o in marks if o in origins]:
-                    del marks[origin]
-            else:
-                for origin in origins:
-                    marks.pop(origin, None)
+    @property
+    def open_events(self) -> Iterable[Ticket]:
+        return self._open
 
-    def advance(self, marks: dict[str, int], changed: set[str]) -> str | None:
-        """Forget the settled events at the front; fold their marks into ``marks`` (adding the
-        origins whose mark moved to ``changed``). Returns the new position (the last of them),
-        None if it did not move."""
+    def advance(self, marks: SenderMarks) -> str | None:
+        """Forget the settled events at the front, their marks settled in ``marks``. Returns
+        the new position (the last of them), None if it did not move."""
         position = None
         queue = self._open
         while queue and queue[0].settled:
             ticket = queue.popleft()
-            for origin, seq in ticket.marks.items():
-                if seq > marks.get(origin, 0):
-                    marks[origin] = seq
-                    changed.add(origin)
+            marks.settle(ticket)
             position = ticket.event_id
         return position
 
@@ -102,6 +93,7 @@ class Settlement:
         self,
         store: CheckpointStore,
         metrics: NodeMetrics,
+        marks: SenderMarks,
         interval: float = 0.25,
         slow_ack: float = 0.5,
     ) -> None:
@@ -111,35 +103,27 @@ class Settlement:
         self._slow_ack = slow_ack
         self._mailboxes: set[Mailbox] = set()
         self._ledgers: dict[str, LaneLedger] = {}
-        # Marks as of the lane positions: what a restarted node knows was routed.
-        self.settled_marks: dict[str, int] = {}
+        # The senders' marks, shared with delivery: settled here as the lanes' positions move.
+        self._marks = marks
         self._positions_due: dict[str, str] = {}
-        self._marks_due: set[str] = set()
-        # Origins let go for good whose rows are deleted at the next checkpoint.
-        self._rows_dropped: set[str] = set()
         self._lock = asyncio.Lock()
-
-    def restore(self, marks: dict[str, int]) -> None:
-        self.settled_marks = dict(marks)
 
     def drop(self, origins: Collection[str], rooms: Iterable[str] = ()) -> None:
         """Origins whose marks are let go for good (a peer's senders beyond its bound, or idle
-        for long): out of memory now, out of the open events of ``rooms`` (the only lanes that
-        carry them), and their rows deleted at the next checkpoint, so neither memory nor the
-        table keeps what a peer mints. A message of one sent again later is delivered again."""
-        for room in rooms:
-            ledger = self._ledgers.get(room)
-            if ledger is not None:
-                ledger.drop(origins)
-        for origin in origins:
-            self.settled_marks.pop(origin, None)
-            self._marks_due.discard(origin)
-        self._rows_dropped.update(origins)
+        for long), routed and settled, and out of the open events of ``rooms`` (the only lanes
+        that carry them), so neither memory nor the table keeps what a peer mints."""
+        ledgers = [self._ledgers[room] for room in rooms if room in self._ledgers]
+        self._marks.let_go(origins, self._open_events(ledgers))
 
     def let_go(self, origins: Collection[str]) -> None:
         """Origins of this domain's runtimes let go for good (their senders gone, or beyond a
         client's bound): as ``drop``, from every lane (any may carry them)."""
-        self.drop(origins, list(self._ledgers))
+        self._marks.let_go(origins, self._open_events(list(self._ledgers.values())))
+
+    @staticmethod
+    def _open_events(ledgers: list[LaneLedger]) -> Iterator[Ticket]:
+        for ledger in ledgers:
+            yield from ledger.open_events
 
     def ledger(self, room_id: str) -> LaneLedger:
         ledger = self._ledgers.get(room_id)
@@ -171,7 +155,7 @@ class Settlement:
 
     async def _checkpoint(self, final: bool) -> None:
         for ledger in self._ledgers.values():
-            position = ledger.advance(self.settled_marks, self._marks_due)
+            position = ledger.advance(self._marks)
             if position is not None:
                 self._positions_due[ledger.room_id] = position
         kept: list[tuple[Mailbox, list[Entry]]] = []
@@ -184,11 +168,10 @@ class Settlement:
                 deletes.append((mailbox, mailbox.delete_through))
             if not mailbox.dirty:
                 self._mailboxes.discard(mailbox)
-        if not (kept or deletes or self._positions_due or self._marks_due or self._rows_dropped):
+        if not (kept or deletes or self._positions_due or self._marks.has_due()):
             return
         positions = dict(self._positions_due)
-        marks = {origin: self.settled_marks[origin] for origin in self._marks_due}
-        dropped = sorted(self._rows_dropped)
+        marks, dropped = self._marks.due()
         try:
             await self._store.commit(
                 [(m.session_id, entries) for m, entries in kept],
@@ -211,8 +194,7 @@ class Settlement:
         for room, event in positions.items():
             if self._positions_due.get(room) == event:
                 del self._positions_due[room]
-        self._marks_due.difference_update(marks)
-        self._rows_dropped.difference_update(dropped)
+        self._marks.stored(marks, dropped)
 
     def awaiting_acknowledgements(self) -> bool:
         """Whether a live stub has deliveries it has not acknowledged yet."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import structlog
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from ..addresses import runtime_url_problem
 from ..bounds import Bound, BoundRefused
@@ -218,16 +218,9 @@ class StubEndpoint:
         identity: Identity | None,
         answer: bool,
     ) -> web.StreamResponse:
-        ws = web.WebSocketResponse(
-            heartbeat=self._config.heartbeat_seconds,
-            compress=self._config.compression,
-            max_msg_size=self._config.max_frame_bytes * HARD_LIMIT_FACTOR,
-            # Pings are answered below, paced like every other frame: aiohttp's own answer
-            # would come before any pacing, and a flood of pings cost the node what it cost
-            # the sender.
-            autoping=False,
-        )
-        await ws.prepare(request)
+        """One stub socket from its upgrade to its close: attached at once (v2, everything in
+        the query) or by its first frame (v1 handshake), then read frame by frame."""
+        ws = await self._upgrade(request)
         conn = StubConnection(ws, request, self._max_backlog)
         conn.client = host
         attachment: Attachment | None = None
@@ -242,28 +235,68 @@ class StubEndpoint:
             config.bytes_burst,
         )
         shared = self._client_paces.join(client)
-        # 1000 only after a processed `disconnect` (the stub then drops its session); anything
-        # else that ends the connection from this side tells the stub to come back and resume.
-        close_code = CLOSE_INTERNAL_ERROR
         try:
             if runtime_url is not None:
-                try:
-                    attachment = await self._attach(
-                        conn, runtime_url, token, hello, identity, answer, arrived
-                    )
-                except SessionRefused as exc:
-                    # Checked again under the session's lock: the upgrade is done by now.
-                    await conn.close(CLOSE_UNAUTHORIZED, exc.reason[:120])
+                attachment = await self._attach_upgraded(
+                    conn, runtime_url, token, hello, identity, answer, arrived
+                )
+                if attachment is None:
                     return ws
-                except HeldElsewhere as exc:
-                    # Another process created the session since the check above.
-                    await conn.close(CLOSE_TRY_AGAIN, _held_elsewhere(exc.holder)[:120])
-                    return ws
-                except SessionsFull as exc:
-                    # Others took the last places since the check above.
-                    await conn.close(CLOSE_TRY_AGAIN, f"{exc.code} {exc.reason}"[:120])
-                    return ws
-            async for frame in ws:
+            attachment = await self._read_frames(conn, attachment, pace, shared)
+        except Exception:
+            # Attaching failed inside the node (the database away, a bug): the stub
+            # reconnects and resumes (a failure while reading is logged by _read_frames).
+            log.exception("stub connection failed inside the node", peer=conn.peer)
+        finally:
+            await self._hang_up(conn, client, attachment)
+        return ws
+
+    async def _upgrade(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(
+            heartbeat=self._config.heartbeat_seconds,
+            compress=self._config.compression,
+            max_msg_size=self._config.max_frame_bytes * HARD_LIMIT_FACTOR,
+            # Pings are answered below, paced like every other frame: aiohttp's own answer
+            # would come before any pacing, and a flood of pings cost the node what it cost
+            # the sender.
+            autoping=False,
+        )
+        await ws.prepare(request)
+        return ws
+
+    async def _attach_upgraded(
+        self,
+        conn: StubConnection,
+        runtime_url: str,
+        token: str | None,
+        hello: AckHello | None,
+        identity: Identity | None,
+        answer: bool,
+        arrived: float,
+    ) -> Attachment | None:
+        """Attaches a v2 socket to its session; None when that is refused now (the socket is
+        closed with why), though the checks before the upgrade let it through."""
+        try:
+            return await self._attach(conn, runtime_url, token, hello, identity, answer, arrived)
+        except SessionRefused as exc:
+            # Checked again under the session's lock: the upgrade is done by now.
+            await conn.close(CLOSE_UNAUTHORIZED, exc.reason[:120])
+        except HeldElsewhere as exc:
+            # Another process created the session since the check before the upgrade.
+            await conn.close(CLOSE_TRY_AGAIN, _held_elsewhere(exc.holder)[:120])
+        except SessionsFull as exc:
+            # Others took the last places since the check before the upgrade.
+            await conn.close(CLOSE_TRY_AGAIN, f"{exc.code} {exc.reason}"[:120])
+        return None
+
+    async def _read_frames(
+        self, conn: StubConnection, attachment: Attachment | None, pace: Pace, shared: Pace
+    ) -> Attachment | None:
+        """Reads the socket until it closes, its session is released or it fails; returns the
+        session it is attached to by then (a v1 stub attaches with its first frame). A failure
+        inside the node is logged here, so that the session is still detached after it."""
+        try:
+            async for frame in conn.ws:
                 if self.closing:
                     # Stopping: the stub's acknowledgements are still taken (the node waits
                     # for them), its messages are not (a numbered one comes again to the next
@@ -281,46 +314,64 @@ class StubEndpoint:
                         self._metrics.paced_seconds.inc(wait)
                         await asyncio.sleep(wait)
                 if frame.type == WSMsgType.TEXT:
-                    # And room in the journal.
-                    while not await self._journal.room(1.0) and not self.closing:
-                        pass
-                    if attachment is not None:
-                        self._sessions.mark_used(attachment.session)
-                    self._deciding += 1
-                    self._decided.clear()
-                    try:
-                        attachment = await self._on_text(conn, attachment, frame.data)
-                    finally:
-                        self._deciding -= 1
-                        if not self._deciding:
-                            self._decided.set()
+                    attachment = await self._decide_text(conn, attachment, frame.data)
                     if attachment is not None and attachment.session.released:
                         break
-                elif frame.type == WSMsgType.BINARY:
-                    await conn.send(
-                        control_error(415, "binary frames are not supported; send JSON text frames")
-                    )
-                elif frame.type == WSMsgType.PING:
-                    with contextlib.suppress(ConnectionError, RuntimeError):
-                        await ws.pong(frame.data)
-                elif frame.type == WSMsgType.ERROR:
-                    log.info("stub connection error", error=str(ws.exception()))
+                elif not await self._on_other_frame(conn, frame):
                     break
         except Exception:
             # Not the stub's doing (the database away, a bug): it reconnects and resumes, and
             # what it had not seen acknowledged it sends again.
             log.exception("stub connection failed inside the node", peer=conn.peer)
+        return attachment
+
+    async def _decide_text(
+        self, conn: StubConnection, attachment: Attachment | None, data: str
+    ) -> Attachment | None:
+        """A text frame (a message, an acknowledgement, a command), once the journal has room;
+        counted as being decided while it is, so that a stop waits for it."""
+        while not await self._journal.room(1.0) and not self.closing:
+            pass
+        if attachment is not None:
+            self._sessions.mark_used(attachment.session)
+        self._deciding += 1
+        self._decided.clear()
+        try:
+            return await self._on_text(conn, attachment, data)
         finally:
-            self._client_paces.leave(client)
-            self._open.discard(conn)
-            self._handshake_done(conn)
-            if attachment is not None:
-                try:
-                    await self._sessions.detach(attachment)
-                except Exception:
-                    log.exception("detaching a session failed", peer=conn.peer)
-            await conn.close(CLOSE_GOING_AWAY if self.closing else close_code)
-        return ws
+            self._deciding -= 1
+            if not self._deciding:
+                self._decided.set()
+
+    async def _on_other_frame(self, conn: StubConnection, frame: WSMessage) -> bool:
+        """A frame that is not text; returns whether to read on."""
+        if frame.type == WSMsgType.BINARY:
+            await conn.send(
+                control_error(415, "binary frames are not supported; send JSON text frames")
+            )
+        elif frame.type == WSMsgType.PING:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await conn.ws.pong(frame.data)
+        elif frame.type == WSMsgType.ERROR:
+            log.info("stub connection error", error=str(conn.ws.exception()))
+            return False
+        return True
+
+    async def _hang_up(
+        self, conn: StubConnection, client: str, attachment: Attachment | None
+    ) -> None:
+        """The socket is gone: its places are given back, its session detached, and the stub
+        told to come back and resume (1000 is sent only after a processed `disconnect`, when
+        the stub drops its session)."""
+        self._client_paces.leave(client)
+        self._open.discard(conn)
+        self._handshake_done(conn)
+        if attachment is not None:
+            try:
+                await self._sessions.detach(attachment)
+            except Exception:
+                log.exception("detaching a session failed", peer=conn.peer)
+        await conn.close(CLOSE_GOING_AWAY if self.closing else CLOSE_INTERNAL_ERROR)
 
     async def _authenticate(self, kind: object, token: object) -> Identity | None:
         return await self._authenticator.authenticate(parse_credential(kind, token))

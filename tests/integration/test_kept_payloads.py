@@ -16,6 +16,7 @@ from adapter.access import AccessMonitor
 from adapter.carrier import Routed
 from adapter.routing.delivery import Delivery
 from adapter.routing.journal import Journal
+from adapter.routing.marks import SenderMarks
 from adapter.routing_table import RoutingTable
 from adapter.storage.checkpoints import CheckpointStore
 from adapter.storage.clock import utcnow
@@ -78,7 +79,8 @@ async def test_a_publication_to_many_away_subscribers_is_stored_once(db: Databas
             "body": {"value": "x" * 200_000},
         }
     ).decode()
-    delivery = Delivery(AccessMonitor("example.com", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    monitor = AccessMonitor("example.com", table)
+    delivery = Delivery(monitor, sessions, Journal(None), metrics(), SenderMarks())  # type: ignore[arg-type]
     # Nobody is attached: every subscriber's copy is kept for its resume.
     await delivery.deliver([Routed(publication, (STREAM,), reporter.sender("kk.s"), 1)], None)
     before = await _stored_bytes(db)

@@ -40,6 +40,7 @@ from adapter.ops.tap import EventTap
 from adapter.routing.delivery import Delivery
 from adapter.routing.journal import Journal
 from adapter.routing.lanes import Outgoing
+from adapter.routing.marks import SenderMarks
 from adapter.routing.settlement import LaneLedger
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
@@ -160,7 +161,7 @@ async def test_a_poison_message_to_a_vanished_address_does_not_stop_its_lane_eve
     bob_link = await attached(bob)
     await attached(mallory)
     m = metrics()
-    delivery = Delivery(AccessMonitor("mn.test", table), sessions, Journal(None), m, {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("mn.test", table), sessions, Journal(None), m, SenderMarks())  # type: ignore[arg-type]
     poison = text({"id": 1.5, "type": "ping", "from": A, "to": C, "body": {"v": nested(1000)}})
     honest = alice.sender(f"{alice.key}.s")
     event = [
@@ -191,7 +192,7 @@ async def test_a_message_that_fails_inside_the_node_is_answered_and_the_others_g
 
     broken.mailbox.deliver = raising  # type: ignore[method-assign]
     m = metrics()
-    delivery = Delivery(AccessMonitor("mn.test", table), sessions, Journal(None), m, {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("mn.test", table), sessions, Journal(None), m, SenderMarks())  # type: ignore[arg-type]
     origin = sender.sender(f"{sender.key}.s")
     event = [
         Routed(text({"id": n, "type": "ping", "from": A, "to": to}), (to,), origin, n)
@@ -217,7 +218,7 @@ async def test_each_sender_of_what_a_released_runtime_missed_is_told_even_if_one
 
     first.mailbox.deliver = raising  # type: ignore[method-assign]
     m = metrics()
-    delivery = Delivery(AccessMonitor("mn.test", table), sessions, Journal(None), m, {})  # type: ignore[arg-type]
+    delivery = Delivery(AccessMonitor("mn.test", table), sessions, Journal(None), m, SenderMarks())  # type: ignore[arg-type]
     await delivery.unreceived(
         [
             Parcel(text({"id": 7, "type": "ping", "from": A, "to": C}), f"{first.key}.s", 7),

@@ -103,7 +103,7 @@ def test_the_bounds_of_issue_41_are_built_from_the_configuration(tmp_path: Path)
             assert (subscriptions.per_client, subscriptions.total) == (7, 70)
             marks = core.local_origins
             assert (marks.per_client, marks.total) == (8, 80)
-            assert core.delivery.on_new_origin == marks.seen
+            assert core.sender_marks.on_new_origin == marks.seen
             feature = node.builtin_registry
             assert feature is not None and feature.registry is not None
             entries = feature.registry.service._entries

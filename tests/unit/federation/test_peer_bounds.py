@@ -9,7 +9,7 @@ do not reach are left out."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +23,7 @@ from adapter.envelope import parse
 from adapter.federation.peer_traffic import PeerFeeds
 from adapter.federation.peers import Peer
 from adapter.observability import NodeMetrics
+from adapter.routing.marks import SenderMarks
 from adapter.routing.policy import MessageGate
 from adapter.routing_table import RoutingTable
 from adapter.storage.database import Database
@@ -388,16 +389,16 @@ def test_peer_rooms_use_a_pool_of_their_own(tmp_path: Path) -> None:
 class _Delivery:
     """Delivery as far as marks go: each message's origin marked, in the event's ticket too."""
 
-    def __init__(self) -> None:
-        self.marks: dict[str, int] = {}
+    def __init__(self, marks: SenderMarks) -> None:
+        self.sender_marks = marks
 
-    def forget(self, origin: str) -> None:
-        self.marks.pop(origin, None)
+    @property
+    def marks(self) -> Mapping[str, int]:
+        return self.sender_marks.routed
 
     async def deliver(self, routed: Any, ticket: Any, admit: Any = None) -> None:
         for message in routed:
-            self.marks[message.sender.origin] = message.oseq
-            ticket.marks[message.sender.origin] = message.oseq
+            self.sender_marks.route(message.sender.origin, message.oseq, ticket)
         ticket.seal()
 
 
@@ -435,8 +436,9 @@ async def test_a_peers_minted_sender_ids_are_bounded_and_forgotten(db: Database)
     registry = CollectorRegistry()
     metrics = NodeMetrics(registry)
     store = CheckpointStore(db)
-    settlement = Settlement(store, metrics)
-    delivery = _Delivery()
+    sender_marks = SenderMarks()
+    settlement = Settlement(store, metrics, sender_marks)
+    delivery = _Delivery(sender_marks)
     table = RoutingTable()
     nothing = cast(Any, None)
     federation = cast(Any, _Federation(peer))
@@ -464,7 +466,7 @@ async def test_a_peers_minted_sender_ids_are_bounded_and_forgotten(db: Database)
         await settlement.checkpoint()
     peer_marks = [o for o in delivery.marks if o.startswith("peer:")]
     assert len(peer_marks) == 100
-    assert len(settlement.settled_marks) <= 100
+    assert len(sender_marks.settled) <= 100
     assert len(await store.marks()) <= 100
     # The newest stay (the longest idle went first).
     assert peer_origin(B, "mint3799") in delivery.marks
@@ -474,15 +476,15 @@ async def test_a_peers_minted_sender_ids_are_bounded_and_forgotten(db: Database)
     assert refused == 2300
     # A restart over a table an older node filled: held to the bound again, and a former
     # peer's marks go.
-    settlement.restore({peer_origin(B, f"old{i}"): 1 for i in range(500)})
     restarted = {peer_origin(B, f"old{i}"): 1 for i in range(500)}
     restarted[peer_origin("gone.example", "x")] = 1
     restarted["k1.local-stub"] = 7
     await store.commit([], [], {}, restarted)
-    settlement = Settlement(store, metrics)
+    sender_marks = SenderMarks()
+    settlement = Settlement(store, metrics, sender_marks)
     loaded = await store.marks()
-    settlement.restore(loaded)
-    delivery.marks = dict(loaded)
+    sender_marks.restore(loaded)
+    delivery.sender_marks = sender_marks
     peer_feeds._settlement = settlement
     peer_feeds.restore_marks(list(loaded))
     await settlement.checkpoint()

@@ -23,6 +23,7 @@ from adapter.routing.delivery import Delivery
 from adapter.routing.ingress import Ingress, ServiceDirectory
 from adapter.routing.journal import Journal
 from adapter.routing.lanes import Outgoing
+from adapter.routing.marks import SenderMarks
 from adapter.routing.policy import MessageGate
 from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
@@ -82,6 +83,18 @@ def routed(session: Session, n: int, to: str, origin: str | None = None) -> Rout
 # -- delivery -----------------------------------------------------------------------------------
 
 
+def delivering(
+    table: RoutingTable, sessions: Sessions, marks: SenderMarks | None = None
+) -> Delivery:
+    return Delivery(
+        AccessMonitor("d", table),
+        sessions,  # type: ignore[arg-type]
+        Journal(None),
+        metrics(),
+        marks or SenderMarks(),
+    )
+
+
 async def test_delivery_fans_out_drops_what_was_routed_before_and_seals_the_event() -> None:
     table = RoutingTable()
     sessions = Sessions()
@@ -89,7 +102,7 @@ async def test_delivery_fans_out_drops_what_was_routed_before_and_seals_the_even
     table.subscribe(2, ["comm://o/changes"])
     table.subscribe(3, ["comm://o/changes"])
     links = [await attached(sub1), await attached(sub2)]
-    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = delivering(table, sessions)
     ledger = LaneLedger("!lane")
     ticket = ledger.open("$e1")
     await delivery.deliver([routed(sender, 1, "comm://o/changes")], ticket)
@@ -109,16 +122,17 @@ async def test_a_delivery_to_an_acknowledging_stub_holds_the_event_until_acknowl
     sender, receiver = sessions.add(1, table), sessions.add(2, table)
     table.add_allocations(2, ["hyperty://d/r"], None)
     link = await attached(receiver, acking=True)
-    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = delivering(table, sessions)
     ledger = LaneLedger("!lane")
     ticket = ledger.open("$e1")
     await delivery.deliver([routed(sender, 5, "hyperty://d/r")], ticket)
-    marks: dict[str, int] = {}
-    changed: set[str] = set()
-    assert ledger.advance(marks, changed) is None  # not acknowledged yet
+    marks = SenderMarks()
+    assert ledger.advance(marks) is None  # not acknowledged yet
+    assert marks.settled == {}
     receiver.mailbox.on_ack(link.numbers()[0])
-    assert ledger.advance(marks, changed) == "$e1"
-    assert marks == {f"{sender.key}.s": 5} and changed == {f"{sender.key}.s"}
+    assert ledger.advance(marks) == "$e1"
+    assert marks.settled == {f"{sender.key}.s": 5}
+    assert marks.due() == ({f"{sender.key}.s": 5}, [])
 
 
 async def test_a_delivery_that_fails_midway_is_delivered_again_from_where_it_failed() -> None:
@@ -129,7 +143,7 @@ async def test_a_delivery_that_fails_midway_is_delivered_again_from_where_it_fai
     sender, receiver = sessions.add(1, table), sessions.add(2, table)
     table.add_allocations(2, ["hyperty://d/r"], None)
     link = await attached(receiver)
-    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = delivering(table, sessions)
     deliver = receiver.mailbox.deliver
     calls = {"n": 0}
 
@@ -157,7 +171,7 @@ async def test_a_destination_gone_before_delivery_is_answered_to_its_sender() ->
     sender = sessions.add(1, table)
     table.add_allocations(1, ["comm://d/o"], None)
     link = await attached(sender)
-    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = delivering(table, sessions)
     await delivery.deliver([routed(sender, 1, "runtime://d/gone")], None)
     [answer] = link.messages()
     assert answer["id"] == 1 and answer["body"]["code"] == 404  # type: ignore[index]
@@ -173,7 +187,7 @@ async def test_what_a_released_session_had_not_received_is_answered_to_its_sende
     sender, gone = sessions.add(1, table), sessions.add(2, table)
     link = await attached(sender)
     gone.released = True
-    delivery = Delivery(AccessMonitor("d", table), sessions, Journal(None), metrics(), {})  # type: ignore[arg-type]
+    delivery = delivering(table, sessions)
     parcels = [
         Parcel(routed(sender, 7, "hyperty://d/r").text, f"{sender.key}.s", 7),
         Parcel(routed(gone, 8, "hyperty://d/r").text, f"{gone.key}.s", 8),
@@ -207,17 +221,19 @@ class FakeCheckpoints:
                 list(deletes),
                 dict(positions),
                 dict(marks),
+                list(dropped),
             )
         )
 
 
 async def test_a_checkpoint_stores_what_is_kept_and_moves_positions_past_settled_events() -> None:
     store = FakeCheckpoints()
-    settlement = Settlement(store, metrics())  # type: ignore[arg-type]
+    marks = SenderMarks()
+    settlement = Settlement(store, metrics(), marks)  # type: ignore[arg-type]
     box = Mailbox(9, 1, settlement.mailbox_dirty)
     ledger = settlement.ledger("!lane")
     t1, t2 = ledger.open("$1"), ledger.open("$2")
-    t1.marks["o.s"] = 4
+    marks.route("o.s", 4, t1)
     await box.deliver(routed_parcel(), t1)  # kept: the runtime is away
     t1.seal()
     t2.seal()
@@ -235,7 +251,7 @@ async def test_a_checkpoint_stores_what_is_kept_and_moves_positions_past_settled
 
 async def test_a_failed_checkpoint_keeps_everything_for_the_next() -> None:
     store = FakeCheckpoints()
-    settlement = Settlement(store, metrics())  # type: ignore[arg-type]
+    settlement = Settlement(store, metrics(), SenderMarks())  # type: ignore[arg-type]
     box = Mailbox(9, 1, settlement.mailbox_dirty)
     ticket = settlement.ledger("!lane").open("$1")
     ticket.seal()
@@ -249,6 +265,86 @@ async def test_a_failed_checkpoint_keeps_everything_for_the_next() -> None:
     await settlement.checkpoint()
     assert ticket.pending == 0
     assert any(c[2] == {"!lane": "$1"} for c in store.commits)
+
+
+async def test_a_senders_marks_move_at_delivery_and_settle_with_their_lanes_position() -> None:
+    """Delivery and settlement share one SenderMarks: delivery's mark moves as the message is
+    handed on (a resend is dropped at once); the mark a restart would read moves, and is
+    stored, once the event is settled and its lane's position moves past it."""
+    table = RoutingTable()
+    sessions = Sessions()
+    sender, receiver = sessions.add(1, table), sessions.add(2, table)
+    table.add_allocations(2, ["hyperty://d/r"], None)
+    link = await attached(receiver, acking=True)
+    marks = SenderMarks()
+    store = FakeCheckpoints()
+    settlement = Settlement(store, metrics(), marks)  # type: ignore[arg-type]
+    delivery = delivering(table, sessions, marks)
+    origin = f"{sender.key}.s"
+    ticket = settlement.ledger("!lane").open("$e1")
+    await delivery.deliver([routed(sender, 3, "hyperty://d/r")], ticket)
+    await delivery.deliver([routed(sender, 3, "hyperty://d/r")], None)  # carried twice
+    assert len(link.frames) == 1
+    assert delivery.routed_through(origin) == 3 and ticket.marks == {origin: 3}
+    await settlement.checkpoint()
+    assert marks.settled == {} and store.commits == []  # not acknowledged: not settled
+    receiver.mailbox.on_ack(link.numbers()[0])
+    await settlement.checkpoint()
+    assert marks.settled == {origin: 3}
+    assert store.commits[-1][2:4] == ({"!lane": "$e1"}, {origin: 3})
+    assert marks.due() == ({}, [])  # stored: not written again
+
+
+async def test_restored_marks_are_routed_and_settled_alike() -> None:
+    """At a start the stored marks are what was routed too: delivery drops what they cover,
+    and nothing is due until a later event settles."""
+    table = RoutingTable()
+    sessions = Sessions()
+    sender, receiver = sessions.add(1, table), sessions.add(2, table)
+    table.add_allocations(2, ["hyperty://d/r"], None)
+    link = await attached(receiver)
+    origin = f"{sender.key}.s"
+    marks = SenderMarks()
+    marks.restore({origin: 5})
+    settlement = Settlement(FakeCheckpoints(), metrics(), marks)  # type: ignore[arg-type]
+    delivery = delivering(table, sessions, marks)
+    ticket = settlement.ledger("!lane").open("$e1")
+    event = [routed(sender, n, "hyperty://d/r") for n in (5, 6)]
+    await delivery.deliver(event, ticket)
+    assert [m["id"] for m in link.messages()] == [6]  # type: ignore[index]
+    assert marks.settled == {origin: 5} and marks.due() == ({}, [])
+    await settlement.checkpoint()
+    assert marks.settled == {origin: 6}
+
+
+async def test_marks_let_go_leave_routed_settled_open_events_and_the_table() -> None:
+    """An origin let go loses every mark it has: routed, settled, its share of the events
+    still open (that settle later without it), and its row at the next checkpoint. A lane's
+    ``drop`` touches only the lanes named; ``let_go`` every lane."""
+    store = FakeCheckpoints()
+    marks = SenderMarks()
+    settlement = Settlement(store, metrics(), marks)  # type: ignore[arg-type]
+    done, open_a, open_b = (
+        settlement.ledger(room).open(f"$in{room}") for room in ("!a", "!a", "!b")
+    )
+    marks.route("gone.s", 4, done)
+    marks.route("kept.s", 1, done)
+    done.seal()
+    await settlement.checkpoint()
+    marks.route("gone.s", 5, open_a)
+    marks.route("gone.s", 6, open_b)
+    marks.route("kept.s", 2, open_a)
+
+    settlement.drop(["gone.s"], ["!a"])
+    assert marks.routed == {"kept.s": 2} and marks.settled == {"kept.s": 1}
+    assert open_a.marks == {"kept.s": 2} and open_b.marks == {"gone.s": 6}
+    settlement.let_go(["gone.s"])
+    assert open_b.marks == {}
+    open_a.seal()
+    open_b.seal()
+    await settlement.checkpoint()
+    assert store.commits[-1][3:] == ({"kept.s": 2}, ["gone.s"])
+    assert marks.settled == {"kept.s": 2} and marks.due() == ({}, [])
 
 
 def routed_parcel() -> Any:

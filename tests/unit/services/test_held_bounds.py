@@ -18,6 +18,7 @@ from adapter.config import DomainRegistryConfig
 from adapter.envelope import Message, parse
 from adapter.observability import NodeMetrics
 from adapter.routing.local_origins import LocalOrigins
+from adapter.routing.marks import SenderMarks
 from adapter.routing.settlement import Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.allocation import AllocationService
@@ -148,27 +149,24 @@ async def test_local_sender_marks_are_bounded_per_client_and_in_total_and_go_wit
     await db.run(lambda conn: Base.metadata.create_all(conn))
     try:
         store = CheckpointStore(db)
-        settlement = Settlement(store, NodeMetrics(CollectorRegistry()))
-        marks: dict[str, int] = {}
+        sender_marks = SenderMarks()
+        settlement = Settlement(store, NodeMetrics(CollectorRegistry()), sender_marks)
+        marks = sender_marks.routed
         refused: list[tuple[str, str]] = []
-
-        def drop(origins: list[str]) -> None:
-            for origin in origins:
-                marks.pop(origin, None)
-            settlement.let_go(origins)
 
         def client_of(origin: str) -> str:
             return "ip:flood" if origin.startswith("f") else "ip:honest"
 
-        origins = LocalOrigins(client_of, drop, 3, 5, lambda r, s: refused.append((r, s)))
+        origins = LocalOrigins(
+            client_of, settlement.let_go, 3, 5, lambda r, s: refused.append((r, s))
+        )
+        sender_marks.on_new_origin = origins.seen
         ledger = settlement.ledger("!lane")
 
         def delivered(*senders: str) -> None:
             ticket = ledger.open("$e" + senders[0])
             for origin in senders:
-                if origin not in marks:
-                    origins.seen(origin)
-                marks[origin] = ticket.marks[origin] = 1
+                sender_marks.route(origin, 1, ticket)
             ticket.seal()
 
         delivered("h1.stub", "h2.stub")

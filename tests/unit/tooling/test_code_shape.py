@@ -1,6 +1,5 @@
 """No function in adapter/ longer than 80 lines (issue 44): a function that long does several
-things, and the next change to it touches all of them. The ones still longer are listed below,
-each to be split; the list only shrinks (an entry that is no longer over the limit must go)."""
+things, and the next change to it touches all of them."""
 
 from __future__ import annotations
 
@@ -9,14 +8,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 MAX_LINES = 80
-
-# path::qualified name → what is left to split (issue 44). Remove an entry once it is short.
-STILL_LONG = {
-    "adapter/analytics/job.py::_analyse",
-    "adapter/observability.py::NodeMetrics.__init__",
-    "adapter/routing/ingress.py::Ingress._decide",
-    "adapter/stub/endpoint.py::StubEndpoint._serve",
-}
 
 
 def long_functions(root: Path) -> dict[str, int]:
@@ -44,15 +35,8 @@ def long_functions(root: Path) -> dict[str, int]:
     return found
 
 
-def test_no_function_in_adapter_is_over_80_lines_but_the_listed_ones() -> None:
-    found = long_functions(ROOT)
-    new = {name: lines for name, lines in found.items() if name not in STILL_LONG}
-    assert new == {}, f"functions over {MAX_LINES} lines: split them"
-
-
-def test_the_list_of_long_functions_only_shrinks() -> None:
-    gone = STILL_LONG - long_functions(ROOT).keys()
-    assert gone == set(), "no longer over the limit (or renamed): remove them from STILL_LONG"
+def test_no_function_in_adapter_is_over_80_lines() -> None:
+    assert long_functions(ROOT) == {}, f"functions over {MAX_LINES} lines: split them"
 
 
 def test_the_check_finds_a_long_function(tmp_path: Path) -> None:
