@@ -121,6 +121,16 @@ class PyRuntime:
             await self.ws.send_str(f"[{seq},{text}]")
         return self
 
+    def kept(self) -> dict[str, Any]:
+        """What the bundled stub keeps across a reload, where the runtime keeps its runtimeURL
+        (docs/stub-protocol.md, "A runtime that reloads"); ``restore`` gives it to the new
+        instance."""
+        return {"token": self.token, "received": self.received}
+
+    def restore(self, kept: dict[str, Any]) -> None:
+        self.token = kept["token"]
+        self.received = kept["received"]
+
     def _acknowledged(self, seq: int) -> None:
         self.node_acks.append(seq)
         self.unacked = [(s, t) for s, t in self.unacked if s > seq]
