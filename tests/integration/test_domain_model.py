@@ -1101,6 +1101,24 @@ async def test_a_poisoned_message_harms_no_other(
     await _replay(homeserver, databases, ("poison", {"depth": 1000}))
 
 
+async def test_a_graceful_restart_costs_no_live_runtime_its_session(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Found by the model while fixing issue 43: alice is away, mallory's flood leaves the
+    detached sessions at their bound, dave connects (and sends nothing yet), the node stops
+    gracefully: closing every socket detached each live runtime's session in turn, and the
+    bound let the newest never used go, dave's. He came back to the next start with his token
+    and got a new session."""
+    await _replay(
+        homeserver,
+        databases,
+        ("drop", {"name": "alice"}),
+        ("session_flood", {}),
+        ("connect_anew", {"name": "dave"}),
+        ("restart_node", {}),
+    )
+
+
 async def test_a_full_inbox_still_takes_an_honest_senders_message(
     homeserver: Homeserver, databases: Databases
 ) -> None:
