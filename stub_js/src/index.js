@@ -657,7 +657,7 @@ class MatrixProtoStub {
     }
   }
 
-  /** The origins' numbers of what is acknowledged up to ``through`` join what is kept. */
+  /** The origins' numbers of what is acknowledged up to `through` join what is kept. */
   _foldOrigins(through) {
     const log = this._originLog;
     let i = 0;
