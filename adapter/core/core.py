@@ -608,6 +608,7 @@ class Core:
             await self.settlement.checkpoint(final=True)
         except Exception:
             log.exception("final checkpoint failed; the next start recovers from the last one")
+        self.sessions.closing()
         await self.stub_endpoint.close_all()
         # The listeners close; the journal is flushed between their shutdown and cleanup.
         await self.listeners.shutdown()

@@ -89,12 +89,14 @@ class Delivery:
         ticket: Ticket | None,
         arrived: float | None = None,
         admit: Callable[[Routed], Routed | None] | None = None,
+        recovered: bool = False,
     ) -> None:
         """Deliver one event's messages (``ticket`` None for the relay baseline, which has no
         events); ``arrived`` is when the first of them reached the node (time.monotonic), for
         the routing-latency metric. ``admit`` judges each new message first (a peer domain's:
         the node answers or acts on some itself) and gives what is delivered, or None; the
-        sender's mark moves only for what it admitted."""
+        sender's mark moves only for what it admitted. ``recovered``: the event was read again
+        after a start (routing/recovery.py): see ``_deliver_one``."""
         delivered: list[int] = []
         marks = self._routed_marks
         route = self._route
@@ -108,7 +110,7 @@ class Delivery:
             # go on. Only a condition that passes (the database away) stops the event here,
             # and its lane goes on from this message once it has passed.
             try:
-                reached = await self._deliver_item(routed, ticket, admit)
+                reached = await self._deliver_item(routed, ticket, admit, recovered)
             except Exception as exc:
                 if passing(exc):
                     raise
@@ -133,6 +135,7 @@ class Delivery:
         routed: Routed,
         ticket: Ticket | None,
         admit: Callable[[Routed], Routed | None] | None,
+        recovered: bool = False,
     ) -> int | None:
         """How many runtimes one message reached; None when ``admit`` did not admit it."""
         if admit is not None:
@@ -140,7 +143,7 @@ class Delivery:
             if admitted is None:
                 return None
             routed = admitted
-        reached = await self._deliver_one(routed, ticket)
+        reached = await self._deliver_one(routed, ticket, recovered)
         if self._send_on is not None:
             await self._send_on(routed, ticket)
         return reached
@@ -197,7 +200,7 @@ class Delivery:
                 self._metrics.failed_items.labels("unreceived").inc()
                 log.error("telling a sender its message was not received failed", error=repr(exc))
 
-    async def _deliver_one(self, routed: Routed, ticket: Ticket | None) -> int:
+    async def _deliver_one(self, routed: Routed, ticket: Ticket | None, recovered: bool) -> int:
         sender = self._sessions.by_origin(routed.sender.origin)
         destinations = self._monitor.receivers(routed.to, sender.id if sender is not None else None)
         targets = destinations.sessions
@@ -205,8 +208,25 @@ class Delivery:
             self._metrics.messages_out.labels("no_destination").inc()
             # Known with nobody to reach (a stream without subscribers) is no error, nor is a
             # message for another domain (its lane carries it there: federation/abroad.py).
-            if sender is not None and not destinations.known and not self._abroad(routed.to):
-                await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
+            if sender is None or destinations.known or self._abroad(routed.to):
+                return 0
+            if recovered:
+                # Read again after a stop that kept nothing (its lane's position is from the
+                # last checkpoint before it): the lane routed it as soon as the homeserver had
+                # it, so its sender already has its outcome. It was delivered, and its
+                # receiver has gone since (and took it, or its sender was answered 404 when the
+                # receiver went: Delivery.unreceived), or it had no destination then and was
+                # answered then. A 404 now would tell the sender of a delivered message that it
+                # was not. The price: a message whose destination went while the homeserver
+                # was taking it, the node stopping before its answer came back, is answered by
+                # nobody (the one case where a 404 now would have been right).
+                log.info(
+                    "a message read again has no destination any more; its sender had its answer",
+                    origin=routed.sender.origin,
+                    oseq=routed.oseq,
+                )
+                return 0
+            await self._gone(sender, routed.text, f"no route to {' '.join(routed.to)} any more")
             return 0
         parcel = Parcel(routed.text, routed.sender.origin, routed.oseq)
         parcel.shared = len(targets) > 1

@@ -278,7 +278,9 @@ class Lane(StreamOutbox):
     async def deliver_recovered(self, routed: list[Routed], event_id: str) -> None:
         """Recovery hands over an event read from the room again."""
         assert self.room_id is not None
-        await self._delivery.deliver(routed, self._ledger_for(self.room_id).open(event_id))
+        await self._delivery.deliver(
+            routed, self._ledger_for(self.room_id).open(event_id), recovered=True
+        )
         self.delivered_through = event_id
 
     async def flush(self, timeout: float) -> bool:

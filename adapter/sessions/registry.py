@@ -195,6 +195,8 @@ class SessionRegistry:
         self._on_mailbox_dirty = on_mailbox_dirty
         self._on_upstream_progress = on_upstream_progress
         self._epoch = 0
+        # The node is stopping (``closing``): its own closing of every socket evicts nobody.
+        self._closing = False
         self._by_id: dict[int, Session] = {}
         self._by_runtime: dict[str, Session] = {}
         self._by_key: dict[str, Session] = {}
@@ -869,7 +871,16 @@ class SessionRegistry:
         if unreceived:
             self._on_unreceived(unreceived)
 
+    def closing(self) -> None:
+        """The node closes every stub socket to stop: the sessions it detaches are of runtimes
+        that were live a moment ago and reconnect to its next start, not a flood going away, so
+        the bound on detached sessions lets none of them go (the newest never used would go
+        first: a runtime that connected and has not sent yet)."""
+        self._closing = True
+
     def _evict_beyond_bound(self) -> None:
+        if self._closing:
+            return
         while len(self._detached) > self._max_detached:
             victim = self._eviction.pick()
             if victim is None:

@@ -38,6 +38,11 @@ const RETRY_FIRST = 50;
 const RETRY_MAX = 1000;
 // Messages handed on for held addresses, remembered to recognise them when the runtime returns them.
 const MAX_HANDED = 4096;
+// Origins whose highest number is kept with the session, most recently advanced last: after a
+// crash the node delivers again what its lanes held since their last checkpoint, under new
+// delivery numbers, and a new stub instance recognises it by these (an origin that fell out, a
+// sender quiet since the last MAX_ORIGINS others spoke, could reach a reloaded runtime twice).
+const MAX_ORIGINS = 256;
 
 let wsImport; // the `ws` package, imported at most once
 
@@ -121,6 +126,11 @@ class MatrixProtoStub {
     this._acked = 0; // highest delivery number acknowledged to the node
     this._ackTimer = null;
     this._origins = new Map(); // origin -> highest number handed to the runtime from it
+    // The same as of the delivery number acknowledged (`_acked`), which is what is kept with the
+    // session: a held delivery is not acknowledged, so its number must not be kept either (the
+    // node delivers it again to a reloaded runtime, which must take it).
+    this._ackedOrigins = new Map();
+    this._originLog = []; // [dseq, origin, oseq] handed on or held, above `_acked`, in order
     this._stats = { sent: 0, acknowledged: 0, delivered: 0, duplicates: 0, returned: 0 };
     this._token = null; // session token from the node, presented again when reconnecting
     // The session outlives this stub instance: kept where the runtime keeps its runtimeURL.
@@ -133,6 +143,10 @@ class MatrixProtoStub {
       this._token = kept.token;
       this._received = this._acked = this._recorded = kept.received;
       for (const address of kept.addresses ?? []) this._known.add(address);
+      for (const [origin, oseq] of kept.origins ?? []) {
+        this._origins.set(origin, oseq);
+        this._ackedOrigins.set(origin, oseq);
+      }
     });
     this._active = false; // a connection is wanted: set on demand, cleared by disconnect or giving up
     this._replaced = false; // closed with 4409: stay down until connect() is called explicitly
@@ -374,6 +388,10 @@ class MatrixProtoStub {
     // What is held belongs to the session that ended; the runtime is deploying again, so it gets it.
     this._endHold(true);
     this._sessionEpoch += 1;
+    // Every origin's number goes on being kept: an origin never numbers two messages alike, and
+    // what the ended session had and held (handed on just above, or answered 404 to its senders
+    // by the node after a `disconnect`) is not delivered again.
+    this._foldOrigins(Infinity);
     this._received = 0;
     this._acked = 0;
     this._recorded = 0;
@@ -592,7 +610,10 @@ class MatrixProtoStub {
     if (fresh && origin !== null) {
       // A message carried twice (the node sent it again after a crash) keeps its origin's number.
       if (oseq <= (this._origins.get(origin) ?? 0)) fresh = false;
-      else this._origins.set(origin, oseq);
+      else {
+        this._origins.set(origin, oseq);
+        this._originLog.push([dseq, origin, oseq]);
+      }
     }
     if (fresh) this._take(msg, dseq, size);
     else this._stats.duplicates += 1;
@@ -631,8 +652,22 @@ class MatrixProtoStub {
     if (received <= this._acked) return;
     if (this._write(conn, JSON.stringify({ cmd: 'ack', received }))) {
       this._acked = received;
+      this._foldOrigins(received);
       this._remember();
     }
+  }
+
+  /** The origins' numbers of what is acknowledged up to `through` join what is kept. */
+  _foldOrigins(through) {
+    const log = this._originLog;
+    let i = 0;
+    for (; i < log.length && log[i][0] <= through; i += 1) {
+      const [, origin, oseq] = log[i];
+      this._ackedOrigins.delete(origin);
+      this._ackedOrigins.set(origin, oseq);
+    }
+    if (i) log.splice(0, i);
+    while (this._ackedOrigins.size > MAX_ORIGINS) this._ackedOrigins.delete(this._ackedOrigins.keys().next().value);
   }
 
   _remember() {
@@ -641,6 +676,7 @@ class MatrixProtoStub {
     const received = this._acked;
     const kept = { token: this._token, received };
     if (this._known.size) kept.addresses = [...this._known];
+    if (this._ackedOrigins.size) kept.origins = [...this._ackedOrigins];
     return this._memory.save(kept).then((saved) => {
       if (saved && epoch === this._sessionEpoch) this._recorded = Math.max(this._recorded, received);
     });
@@ -1027,7 +1063,13 @@ function sessionMemory(store, nodeURL, runtimeURL) {
         const ok = typeof kept?.token === 'string' && Number.isSafeInteger(kept?.received);
         if (!ok || kept.received < 0) return null;
         const addresses = Array.isArray(kept.addresses) ? kept.addresses.filter(isHypertyAddress) : [];
-        return { token: kept.token, received: kept.received, addresses: addresses.slice(-MAX_KNOWN) };
+        const origins = Array.isArray(kept.origins) ? kept.origins.filter(isOriginMark) : [];
+        return {
+          token: kept.token,
+          received: kept.received,
+          addresses: addresses.slice(-MAX_KNOWN),
+          origins: origins.slice(-MAX_ORIGINS),
+        };
       }, null),
     save: (kept) =>
       inTurn(async () => {
@@ -1094,6 +1136,17 @@ function indexedDBStore() {
 
 function isHypertyAddress(value) {
   return typeof value === 'string' && value.length <= MAX_ADDRESS && value.startsWith('hyperty://');
+}
+
+function isOriginMark(value) {
+  return (
+    Array.isArray(value) &&
+    value.length === 2 &&
+    typeof value[0] === 'string' &&
+    value[0].length <= MAX_ADDRESS &&
+    Number.isSafeInteger(value[1]) &&
+    value[1] > 0
+  );
 }
 
 function randomId() {

@@ -226,7 +226,11 @@ test('a store answering with promises: the first connection waits for the kept s
   firstConn.deliver({ id: 1, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a' }, 1, 'o', 1);
   // Acknowledged and recorded: a reload now resumes with nothing handed on twice.
   await until(() => first.stats.delivered === 1 && first.stats.unrecorded === 0, 'the delivery recorded');
-  assert.deepEqual(JSON.parse(sessionStore.items.values().next().value), { token: firstConn.token, received: 1 });
+  assert.deepEqual(JSON.parse(sessionStore.items.values().next().value), {
+    token: firstConn.token,
+    received: 1,
+    origins: [['o', 1]],
+  });
 
   const second = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
   await second.connect();
@@ -237,7 +241,64 @@ test('a store answering with promises: the first connection waits for the kept s
   // By the time disconnect() resolves the store holds the token as the runtime's credential,
   // with nothing received in the session the next instance starts.
   await second.disconnect();
-  assert.deepEqual(JSON.parse(sessionStore.items.values().next().value), { token: secondConn.token, received: 0 });
+  // The origins' numbers stay: an origin never numbers two messages alike.
+  assert.deepEqual(JSON.parse(sessionStore.items.values().next().value), {
+    token: secondConn.token,
+    received: 0,
+    origins: [['o', 1]],
+  });
+});
+
+test('a reloaded runtime recognises what a crashed node delivers again: the origins are kept with the session', async (t) => {
+  const node = await nodeFor(t, { acks: true });
+  const sessionStore = memoryStore();
+  const first = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true });
+  await first.connect();
+  const firstConn = await until(() => node.connections[0], 'first connection');
+  const update = (id) => ({ id, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a' });
+  firstConn.deliver(update(1), 7, 'alice.s1', 4);
+  firstConn.deliver(update(2), 8, 'bob.s1', 9);
+  await until(() => first.stats.delivered === 2 && first.stats.unrecorded === 0, 'both recorded');
+
+  // The node is killed before its checkpoint and the page reloads: the node's next run reads
+  // its lanes again and delivers both once more, under its new start's numbers.
+  const bus = fakeBus();
+  const second = await newStub(t, { bus, node, sessionStore, acknowledged: true });
+  await second.connect();
+  const secondConn = await until(() => node.connections[1], 'second connection');
+  assert.equal(secondConn.frames[0].data.ack.received, 8);
+  const restart = 2 ** 32;
+  secondConn.deliver(update(1), restart + 1, 'alice.s1', 4);
+  secondConn.deliver(update(2), restart + 2, 'bob.s1', 9);
+  secondConn.deliver(update(3), restart + 3, 'alice.s1', 5);
+  await until(() => second.stats.delivered + second.stats.duplicates === 3, 'all three taken');
+  assert.deepEqual(bus.messages().map((m) => m.id), [3]);
+  assert.equal(second.stats.duplicates, 2);
+  await until(() => secondConn.frames.some((f) => f.cmd === 'ack' && f.received === restart + 3), 'acknowledged');
+});
+
+test('the origins kept are at most 256, the most recently advanced, and only well-formed ones from the store', async (t) => {
+  const node = await nodeFor(t, { acks: true });
+  const sessionStore = memoryStore();
+  const key = `rethink-mn:session:${node.url}:runtime://example.com/origins`;
+  const origins = [['x', 0], [3, 1], ['y', 1.5], ...Array.from({ length: 300 }, (_, i) => [`o${i}`, i + 1])];
+  sessionStore.items.set(key, JSON.stringify({ token: 'tok-0', received: 0, origins }));
+  const stub = await newStub(t, { bus: fakeBus(), node, sessionStore, acknowledged: true, runtimeURL: 'runtime://example.com/origins' });
+  await stub.connect();
+  const conn = await until(() => node.connections[0], 'a connection');
+  // o43 fell out (the oldest kept is o44): its message is taken. o44's is recognised, and its
+  // next one advances it to the newest.
+  const update = (id) => ({ id, type: 'update', from: 'hyperty://example.com/b', to: 'hyperty://example.com/a' });
+  conn.deliver(update('a'), 1, 'o43', 44);
+  conn.deliver(update('b'), 2, 'o44', 45);
+  conn.deliver(update('c'), 3, 'o44', 46);
+  await until(() => stub.stats.delivered + stub.stats.duplicates === 3, 'all three taken');
+  assert.equal(stub.stats.duplicates, 1);
+  await until(() => JSON.parse(sessionStore.items.get(key)).received === 3, 'recorded');
+  const kept = JSON.parse(sessionStore.items.get(key)).origins;
+  assert.equal(kept.length, 256);
+  assert.deepEqual(kept.slice(-2), [['o43', 44], ['o44', 46]]);
+  assert.deepEqual(kept[0], ['o46', 47]);
 });
 
 test('a session store that fails is reported once and the stub goes on without it', async (t) => {

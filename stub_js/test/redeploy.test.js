@@ -124,6 +124,31 @@ test('held messages are not acknowledged: a reconnect meanwhile says where they 
   assert.equal(stub.stats.held, 1);
 });
 
+test('a held message is not kept as received: a reload meanwhile takes it when the node delivers it again', async (t) => {
+  const node = await nodeFor(t);
+  const { stub, conn, sessionStore } = await reloaded(t, node);
+  conn.deliver(ping(2, OTHER), 3, 'alice', 2);
+  conn.deliver(ping(3), 4, 'alice', 3);
+  const recorded = () => JSON.parse([...sessionStore.items.values()][0]);
+  await until(() => recorded().received === 3, 'the first recorded');
+  assert.equal(stub.stats.held, 1);
+  assert.deepEqual(recorded().origins, [['alice', 2]]);
+
+  // Another reload (the held message never reached the runtime), after a crash of the node:
+  // delivered again under a new number, it is taken.
+  const bus = runtimeBus();
+  bus.listening.add(HYPERTY);
+  const third = await newStub(t, { bus, node, sessionStore, acknowledged: true, holdAfterReload: false });
+  await third.connect();
+  const thirdConn = await until(() => node.connections[2], 'the third connection');
+  assert.equal(thirdConn.frames[0].data.ack.received, 3);
+  thirdConn.deliver(ping(2, OTHER), 2 ** 32 + 1, 'alice', 2);
+  thirdConn.deliver(ping(3), 2 ** 32 + 2, 'alice', 3);
+  await until(() => third.stats.delivered + third.stats.duplicates === 2, 'both taken');
+  assert.deepEqual(bus.got.get(HYPERTY), [3]);
+  assert.equal(third.stats.duplicates, 1);
+});
+
 test('a message the runtime hands back for want of a listener is offered again, in order, until its hyperty listens', async (t) => {
   const node = await nodeFor(t);
   const { stub, bus, conn } = await reloaded(t, node);

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,12 +37,6 @@ SM = f"domain://msg-node.{D}/sm"
 REGISTRY = f"domain://registry.{D}"
 HYPERTY_ALLOCATION = f"domain://msg-node.{D}/hyperty-address-allocation"
 OBJECT_ALLOCATION = f"domain://msg-node.{D}/object-address-allocation"
-
-
-# RETHINK_MODEL_STRICT=1: a runtime reloaded after a kill of the node must not be handed a
-# message twice either (the gap Actor.reloaded_after_kill describes, open: off by default, so
-# that CI fails on what is not known; the run's tally counts such duplicates all the same).
-STRICT = os.environ.get("RETHINK_MODEL_STRICT", "0") == "1"
 
 
 class SeeingRuntime(PyRuntime):
@@ -75,22 +68,12 @@ class Actor:
     state: str = "none"
     rt: SeeingRuntime | None = None
     token: str | None = None
-    received: int = 0
     seen: list[Any] = field(default_factory=list)
     hyperties: list[str] = field(default_factory=list)
     objects: list[str] = field(default_factory=list)
     registered: list[str] = field(default_factory=list)
     # Node-side filter drops across stub instances (the node sent again what the stub had).
     duplicates: int = 0
-    # A new stub instance (a reload) took the session over. It knows the session's delivery
-    # number, not the highest number from each origin (the bundled stub keeps only the former
-    # across a reload), so once the node has been killed, what it delivers again from the
-    # lanes it reads again (under new delivery numbers) may reach the runtime a second time.
-    # Seen by this model on main (043b097): "carol was handed alice:57 twice" after Synapse
-    # and node kills (that path the likely one, not yet reproduced step by step); the stub's
-    # promise "never a duplicate, even after a crash" (docs/stub-protocol.md) does not hold
-    # across a reload. Excused unless RETHINK_MODEL_STRICT=1.
-    reloaded: bool = False
 
     @property
     def addresses(self) -> list[str]:
@@ -312,7 +295,7 @@ class Domain:
                     out.append(f"{a.name} was handed a message nobody sent: {str(m)[:300]}")
                     continue
                 counts[s.id] = counts.get(s.id, 0) + 1
-                if counts[s.id] == 2 and not (a.reloaded and self.crashed and not STRICT):
+                if counts[s.id] == 2:
                     out.append(f"{a.name} was handed {s.id} ({s.what}) twice")
                 if a.name not in s.may:
                     out.append(
@@ -329,21 +312,13 @@ class Domain:
                 out.append(f"{a.name}'s stub dropped {dropped} deliveries sent twice")
         for s in self.sent.values():
             err = self.error_answer(s)
-            # After a kill the node reads its lanes again from the last checkpoint and routes
-            # what it reads again: a message delivered before the kill may then be answered 404
-            # to its sender, its receiver having gone since. Seen by this model on main
-            # (043b097): the sender of a delivered message told "no route any more". Excused
-            # unless RETHINK_MODEL_STRICT=1 (the tally counts the refusal all the same).
-            replayed = (
-                self.crashed and not STRICT and any(self.got(a, s.id) for a in self.actors.values())
-            )
-            if s.either and err is not None and not replayed:
+            if s.either and err is not None:
                 takers = [a.name for a in self.actors.values() if self.got(a, s.id)]
                 if takers:
                     out.append(
                         f"{s.id} ({s.what}) was refused {err.get('body')}, yet reached {takers}"
                     )
-            if s.refused is False and err is not None and not replayed:
+            if s.refused is False and err is not None:
                 out.append(f"{s.id} ({s.what}, {s.frm} -> {s.to}) was refused: {err.get('body')}")
             if s.refused is True:
                 takers = [a.name for a in self.actors.values() if self.got(a, s.id)]

@@ -121,6 +121,19 @@ class PyRuntime:
             await self.ws.send_str(f"[{seq},{text}]")
         return self
 
+    def kept(self) -> dict[str, Any]:
+        """What the bundled stub keeps across a reload, where the runtime keeps its runtimeURL
+        (docs/stub-protocol.md, "A runtime that reloads"): the token, the delivery number and
+        each origin's highest number handed on (this runtime acknowledges what it hands on at
+        once, so both are as of what it acknowledged); ``restore`` gives it to the new
+        instance."""
+        return {"token": self.token, "received": self.received, "origins": dict(self.origins)}
+
+    def restore(self, kept: dict[str, Any]) -> None:
+        self.token = kept["token"]
+        self.received = kept["received"]
+        self.origins = dict(kept["origins"])
+
     def _acknowledged(self, seq: int) -> None:
         self.node_acks.append(seq)
         self.unacked = [(s, t) for s, t in self.unacked if s > seq]

@@ -80,24 +80,22 @@ def test_a_stubs_filter_dropping_a_delivery_is_allowed_only_after_a_kill() -> No
     assert model.tally()["filter drops"] == 1
 
 
-def test_a_message_handed_twice_is_excused_only_to_a_reloaded_runtime_after_a_kill() -> None:
+def test_a_message_handed_twice_is_caught_even_after_a_kill() -> None:
+    """Issue 43: a runtime reloaded around a kill of the node was excused; no longer."""
     model, alice, bob = _domain()
     s = model.expect(alice, alice.hyperties[0], bob.hyperties[0], refused=False, must={"bob"})
     bob.seen += [_ping(s), _ping(s)]
-    bob.reloaded = True
-    assert model.violations() == [f"bob was handed {s.id} () twice"]
     model.crashed = True
-    assert model.violations() == []
-    assert model.tally()["handed twice"] == 1
-    bob.reloaded = False
     assert model.violations() == [f"bob was handed {s.id} () twice"]
+    assert model.tally()["handed twice"] == 1
 
 
-def test_a_delivered_message_refused_later_is_excused_only_after_a_kill() -> None:
+def test_a_delivered_message_refused_later_is_caught_even_after_a_kill() -> None:
+    """Issue 43: the sender of a message delivered before a kill, answered 404 when the lane
+    was read again, was excused; no longer."""
     model, alice, bob = _domain()
     s = model.expect(alice, alice.hyperties[0], bob.hyperties[0], refused=False, must={"bob"})
     bob.seen.append(_ping(s))
     alice.seen.append(_refusal(s, 404))
-    assert model.violations() == [f"{s.id} (, {s.frm} -> {s.to}) was refused: {{'code': 404}}"]
     model.crashed = True
-    assert model.violations() == []
+    assert model.violations() == [f"{s.id} (, {s.frm} -> {s.to}) was refused: {{'code': 404}}"]
