@@ -215,7 +215,7 @@ class SessionRegistry:
         # Sessions being released whose place in the bound was given back already.
         self._placeless: set[int] = set()
         self._eviction: EvictionOrder[Session] = EvictionOrder(
-            self._detached.get, lambda: len(self._detached)
+            self._detached.get, lambda: len(self._detached), lambda c: self._bound.held(c)
         )
         self._max_detached = max_detached
         self._on_evicted = on_evicted

@@ -71,11 +71,18 @@ HONEST = ("alice", "bob", "carol", "dave")
 LIMITS: dict[str, Any] = {
     "stub.max_detached_sessions": 6,
     "stub.max_connections": 48,
-    # Every runtime of the model connects from loopback, one client to the node's bounds.
     "stub.max_connections_per_client": 48,
+    # Every runtime connects from loopback, as through a reverse proxy on this machine that
+    # names each runtime's own host (HOSTS): the promises between clients (one never crowds
+    # out another) can only be seen when they are not all one client.
+    "stub.trusted_proxies": ["127.0.0.1"],
     "quotas.waiting_bytes": 64 * 1024,
 }
 FLOOD = 8
+# The host each runtime connects from (X-Forwarded-For, believed from the proxy on loopback):
+# each honest runtime its own, and one for everything mallory does.
+HOSTS = {name: f"192.0.2.{i}" for i, name in enumerate(HONEST, start=1)}
+MALLORY_HOST = "198.51.100.66"
 # Every rule runs by default. RETHINK_MODEL_SKIP names rules to leave out (any of the hostile
 # runtime's and the faults: RETHINK_MODEL_SKIP=poison,session_flood), for a run that looks
 # elsewhere once one attack is found.
@@ -136,6 +143,12 @@ class DomainMachine(RuleBasedStateMachine):
         assert self.node is not None
         return f"ws://127.0.0.1:{self.node.stub_port}/stub/connect"
 
+    def runtime(self, url: str, seen: list[Any], host: str = MALLORY_HOST) -> SeeingRuntime:
+        """A stub instance for ``url``, connecting from ``host``."""
+        rt = SeeingRuntime(self.stub_url(), url, seen)
+        rt.headers = {"X-Forwarded-For": host}
+        return rt
+
     def a(self, name: str) -> Actor:
         return self.model.actors[name]
 
@@ -148,7 +161,7 @@ class DomainMachine(RuleBasedStateMachine):
         bound, as a real stub reconnects with back-off."""
         if fresh or actor.rt is None:
             old = actor.rt
-            rt = SeeingRuntime(self.stub_url(), actor.url, actor.seen)
+            rt = self.runtime(actor.url, actor.seen, HOSTS.get(actor.name, MALLORY_HOST))
             rt.token = actor.token
             if old is not None and expect == "resumed":
                 # What the bundled stub keeps across a reload (docs/stub-protocol.md).
@@ -598,7 +611,7 @@ class DomainMachine(RuleBasedStateMachine):
             return
 
         async def go() -> None:
-            rt = SeeingRuntime(self.stub_url(), v.url, [])
+            rt = self.runtime(v.url, [])
             self.extra.append(rt)
             if how == "own-token":
                 rt.token = self.mallory.token
@@ -779,7 +792,7 @@ class DomainMachine(RuleBasedStateMachine):
         async def go() -> None:
             for _ in range(FLOOD):
                 url = f"runtime://{D}/{self.model.run}-flood-{guid()[:8]}"
-                rt = SeeingRuntime(self.stub_url(), url, [])
+                rt = self.runtime(url, [])
                 self.extra.append(rt)
                 try:
                     await rt.connect()
@@ -832,7 +845,11 @@ class DomainMachine(RuleBasedStateMachine):
             self.idle_session = aiohttp.ClientSession()
             for _ in range(IDLE_SOCKETS):
                 try:
-                    self.idle.append(await self.idle_session.ws_connect(self.stub_url()))
+                    self.idle.append(
+                        await self.idle_session.ws_connect(
+                            self.stub_url(), headers={"X-Forwarded-For": MALLORY_HOST}
+                        )
+                    )
                 except aiohttp.ClientError:
                     break
 
@@ -1061,6 +1078,23 @@ async def test_a_session_flood_never_frees_an_away_runtimes_url(
         ("drop", {"name": "alice"}),
         ("session_flood", {}),
         ("mallory_connects_as", {"name": "alice", "how": "v1"}),
+    )
+
+
+async def test_a_session_flood_from_one_host_never_frees_another_hosts_unused_session(
+    homeserver: Homeserver, databases: Databases
+) -> None:
+    """Issue 41 row 5, as the model found it once the flood's sessions each sent a request:
+    dave connects and drops before sending anything, and the node, over its bound on detached
+    sessions, let his session go (never used goes first) and with it his runtimeURL."""
+    await _replay(
+        homeserver,
+        databases,
+        ("drop", {"name": "alice"}),
+        ("session_flood", {}),
+        ("connect_anew", {"name": "dave"}),
+        ("drop", {"name": "dave"}),
+        ("mallory_connects_as", {"name": "dave", "how": "v1"}),
     )
 
 

@@ -113,6 +113,7 @@ def test_a_bound_refuses_a_client_beyond_its_share_and_anyone_beyond_the_total()
 class Held:
     id: int
     used: bool = False
+    client: str = "ip:192.0.2.1"
 
 
 def test_eviction_takes_the_newest_unused_then_the_newest_used() -> None:
@@ -138,6 +139,27 @@ def test_eviction_skips_sessions_attached_again_or_used_since() -> None:
     del detached[1]
     assert order.pick_unused() is None
     assert order.pick() is detached[2]
+
+
+def test_eviction_takes_from_the_client_holding_the_most_sessions_first() -> None:
+    """A flood of used sessions from one host never evicts a session of another host, even a
+    newer one never used (found by the domain model: an away runtime that had not sent yet lost
+    its session, and its runtimeURL, to a flood of sessions that each sent one request)."""
+    flood, honest = "ip:198.51.100.66", "ip:192.0.2.1"
+    detached = {i: Held(i, used=True, client=flood) for i in range(1, 9)}
+    detached[9] = Held(9, used=False, client=honest)
+    held = {flood: 8, honest: 1}
+    order = EvictionOrder(detached.get, lambda: len(detached), lambda c: held.get(c, 0))
+    for session in detached.values():
+        order.push(session)
+    picked = []
+    while held[flood] > held[honest]:
+        victim = order.pick()
+        assert victim is not None
+        picked.append(victim.id)
+        del detached[victim.id]
+        held[victim.client] -= 1  # released: its place given back
+    assert picked == [8, 7, 6, 5, 4, 3, 2]
 
 
 async def test_sessions_are_bounded_per_client_and_anonymous_ones_displace_none() -> None:
