@@ -156,8 +156,9 @@ class StubConfig(_Strict):
     max_detached_sessions: int = Field(default=100_000, ge=1)
     # Sessions (attached and detached) the node holds at most, and one client at most (a
     # client: the identity it proved, else the host it connects from, an IPv6 host's /64).
-    # Beyond the total, a session that proved an identity displaces the newest detached one
-    # that never resumed; an anonymous one is refused (503). docs/stub-protocol.md "Bounds".
+    # Beyond the total, a session that proved an identity displaces the next detached one to
+    # go (sessions/eviction.py) if that one was never used; an anonymous one is refused (503).
+    # docs/stub-protocol.md "Bounds".
     max_sessions: int = Field(default=100_000, ge=1)
     max_sessions_per_client: int = Field(default=2_000, ge=1)
     # Open stub sockets one client may hold (max_connections is the node's total).
