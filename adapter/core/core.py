@@ -621,6 +621,7 @@ class Core:
         await self._background.stop(cancel=False)
         await self.http.close()
         await self.peer_http.close()
+        await self.sessions.stop_writing_states()
         await self.db.dispose()
         log.info("node stopped")
 

@@ -811,6 +811,20 @@ class SessionRegistry:
         finally:
             self._state_writer = None
 
+    async def stop_writing_states(self, timeout: float = 2.0) -> None:
+        """At the end of a stop, before the database closes: the states still to write get
+        ``timeout`` seconds (they only tell the next start how long a session has been away),
+        then the writer stops rather than retrying against a closed database for good."""
+        writer = self._state_writer
+        if writer is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(writer), timeout)
+        except TimeoutError:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
     async def disconnect(self, attachment: Attachment) -> bool:
         """The runtime's ``disconnect`` on this connection: its session is released, unless a
         newer connection has taken the session meanwhile (then that one keeps it). Whether the

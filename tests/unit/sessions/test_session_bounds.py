@@ -340,3 +340,20 @@ async def test_a_restart_still_evicts_the_sessions_never_used_first() -> None:
     assert after.by_runtime("runtime://d/new1") is None
     assert after.by_runtime("runtime://d/late") is not None
     assert after.by_runtime("runtime://d/honest") is not None
+
+
+async def test_a_stop_ends_the_state_writer_even_when_the_database_refuses() -> None:
+    """Found by the domain model: a stopped node's state writer retried against its closed
+    database every second for good."""
+    sessions, _ = registry()
+
+    async def closed(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("the database is closed")
+
+    sessions._rows.set_state = closed  # type: ignore[method-assign]
+    attachment = await sessions.attach("runtime://d/1", Link(), None, None)
+    sessions.mark_used(attachment.session)
+    writer = sessions._state_writer
+    assert writer is not None
+    await sessions.stop_writing_states(timeout=0.05)
+    assert writer.done()
