@@ -69,7 +69,8 @@ async function browse(t, pages) {
     await new Promise((resolve) => (browser.exitCode === null ? browser.once('exit', resolve) : resolve()));
     server.closeAllConnections(); // the browser's keep-alive connections would hold close() open
     await new Promise((resolve) => server.close(resolve));
-    await rm(profile, { recursive: true, force: true });
+    // Chromium's helper processes may still be writing the profile after the main one exits.
+    await rm(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
   });
   return result;
 }
