@@ -24,7 +24,7 @@ from adapter.storage.database import Database
 from adapter.storage.pending import PendingStore
 from adapter.storage.sessions import SessionStore
 
-from ..unit.test_routing_core import Sessions, metrics
+from ..unit.routing.test_routing_core import Sessions, metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 STREAM = "comm://example.com/kept-o/changes"
