@@ -10,6 +10,7 @@ of the test: what a kill within one checkpoint interval leaves, made certain."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -77,6 +78,48 @@ def _handed(rt: PyRuntime) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass
+class _Pair:
+    """A node on a fresh database, alice and bob each holding an address, checkpoints held off."""
+
+    url: str
+    node: Node
+    alice: PyRuntime
+    bob: PyRuntime
+    a: str
+    b: str
+
+
+async def _pair(start_node: NodeFactory, databases: Databases, name: str) -> _Pair:
+    url = await databases.migrated_sqlite()
+    node = await start_node(url)
+    alice = PyRuntime(stub_url(node), f"runtime://{D}/{name}-a", acked=True)
+    bob = PyRuntime(stub_url(node), f"runtime://{D}/{name}-b", acked=True)
+    try:
+        await alice.connect()
+        await bob.connect()
+        [a] = await alice.allocate(D)
+        [b] = await bob.allocate(D)
+        await _no_checkpoints(node)
+    except BaseException:
+        await alice.close()
+        await bob.close()
+        raise
+    return _Pair(url, node, alice, bob, a, b)
+
+
+async def _killed_and_started(pair: _Pair, start_node: NodeFactory) -> Node:
+    """The pair's node killed and started again on its database, its lanes read again, and
+    alice connected to it again (the same stub instance: she resumes)."""
+    await kill(pair.node)
+    pair.node = await start_node(pair.url)
+    await _recovered(pair.node)
+    await pair.alice.drop()
+    pair.alice.stub_url = stub_url(pair.node)
+    await pair.alice.connect()
+    return pair.node
+
+
 async def _pings_until(rt: PyRuntime, last: int) -> list[int]:
     out: list[int] = []
     while not out or out[-1] != last:
@@ -92,14 +135,9 @@ async def _pings(rt: PyRuntime, n: int) -> list[int]:
 async def test_a_reloaded_runtime_is_not_handed_again_what_it_had_before_a_kill(
     start_node: NodeFactory, databases: Databases, when: str
 ) -> None:
-    url = await databases.migrated_sqlite()
-    node = await start_node(url)
-    alice = await PyRuntime(stub_url(node), f"runtime://{D}/kr-a", acked=True).connect()
-    bob = await PyRuntime(stub_url(node), f"runtime://{D}/kr-b", acked=True).connect()
+    pair = await _pair(start_node, databases, "kr")
+    node, alice, bob, a, b = pair.node, pair.alice, pair.bob, pair.a, pair.b
     try:
-        [a] = await alice.allocate(D)
-        [b] = await bob.allocate(D)
-        await _no_checkpoints(node)
         for i in range(5):
             await alice.send(ping(i, a, b))
         assert await _pings(bob, 5) == list(range(5))
@@ -114,12 +152,7 @@ async def test_a_reloaded_runtime_is_not_handed_again_what_it_had_before_a_kill(
             await _settled(node, bob)
         sent = 8 if when == "reloaded-before-the-kill" else 5
 
-        await kill(node)
-        node = await start_node(url)
-        await _recovered(node)
-        await alice.drop()
-        alice.stub_url = stub_url(node)
-        await alice.connect()
+        node = await _killed_and_started(pair, start_node)
         await bob.close()
         bob = await _reloaded(bob, stub_url(node)).connect()
         assert (bob.connect_answer or {})["data"]["session"] == "resumed"
@@ -147,14 +180,9 @@ async def test_a_message_delivered_before_a_kill_is_never_answered_undeliverable
     """Bob got alice's messages and then went (a clean `disconnect`, or he let the address
     go); the node is killed before its next checkpoint. Read again at the start, the messages
     have no destination any more: their sender must not be told they were not delivered."""
-    url = await databases.migrated_sqlite()
-    node = await start_node(url)
-    alice = await PyRuntime(stub_url(node), f"runtime://{D}/k404-a", acked=True).connect()
-    bob = await PyRuntime(stub_url(node), f"runtime://{D}/k404-b", acked=True).connect()
+    pair = await _pair(start_node, databases, "k404")
+    node, alice, bob, a, b = pair.node, pair.alice, pair.bob, pair.a, pair.b
     try:
-        [a] = await alice.allocate(D)
-        [b] = await bob.allocate(D)
-        await _no_checkpoints(node)
         for i in range(3):
             await alice.send(ping(i, a, b if to == "hyperty" else bob.runtime_url))
         assert await _pings(bob, 3) == [0, 1, 2]
@@ -169,12 +197,7 @@ async def test_a_message_delivered_before_a_kill_is_never_answered_undeliverable
             assert answer["body"]["code"] == 200, answer
             await _settled(node, bob)
 
-        await kill(node)
-        node = await start_node(url)
-        await _recovered(node)
-        await alice.drop()
-        alice.stub_url = stub_url(node)
-        await alice.connect()
+        node = await _killed_and_started(pair, start_node)
         # A request after the replay: its answer comes after any answer the replay gave.
         answer = await alice.request(
             f"domain://msg-node.{D}/hyperty-address-allocation",
