@@ -46,6 +46,7 @@ class StubConnection:
     ) -> None:
         self.ws = ws
         self._transport = request.transport
+        self._protocol = request.protocol
         self._max_backlog = max_backlog_bytes
         self._soft_backlog = max_backlog_bytes // 4
         self._slow_seconds = slow_seconds
@@ -76,9 +77,8 @@ class StubConnection:
             return False
         payload = data.encode() if isinstance(data, str) else data
         if self._writer is None and self._fits_at_once(len(payload)):
-            # Nothing queued, and the frame leaves the socket's buffer below its low-water
-            # mark: the write cannot pause the socket, so it cannot wait, and most frames (a
-            # runtime reading along) are written here without a task of their own.
+            # Nothing queued, and the write cannot pause the socket, so it cannot wait: most
+            # frames (a runtime reading along) are written here, without a task of their own.
             try:
                 await self.ws.send_frame(payload, WSMsgType.TEXT)
                 return True
@@ -92,14 +92,18 @@ class StubConnection:
         return True
 
     def _fits_at_once(self, size: int) -> bool:
-        """Whether a frame of ``size`` bytes, written now, keeps the socket's buffer at or below
-        its low-water mark (a socket is paused only above its high-water mark, and resumes only
-        at or below the low one, so below it the socket is not paused either)."""
+        """Whether a frame of ``size`` bytes can be written now without waiting: aiohttp's
+        write waits only while the socket is paused, and the transport pauses it only when its
+        buffer goes above the high-water mark. So the socket must not be paused now, and the
+        frame must keep the buffer at or below that mark. (Not the low-water mark: uvloop's is
+        16 bytes, which no frame fits under, so every frame went through the writer.)"""
         transport = self._transport
         if transport is None or self._backlog or self.ws.compress:
             return False
-        low, _high = transport.get_write_buffer_limits()
-        return transport.get_write_buffer_size() + size + FRAME_HEADER_BYTES <= low
+        if self._protocol.writing_paused:
+            return False
+        _low, high = transport.get_write_buffer_limits()
+        return transport.get_write_buffer_size() + size + FRAME_HEADER_BYTES <= high
 
     def _still_behind(self) -> None:
         """``slow_seconds`` after it fell far behind: disconnected unless it caught up."""

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from adapter.stub import connection as connection_module
 from adapter.stub.connection import CLOSE_POLICY, StubConnection
 
 
 class FakeTransport:
-    """A socket buffer with room: the frame about to be written is what will fill it (one
-    large frame to a runtime that stopped reading, say)."""
+    """An empty socket buffer with a high-water mark of 512 bytes: a larger frame is what will
+    fill it (one large frame to a runtime that stopped reading, say)."""
 
     def __init__(self) -> None:
         self.aborted = False
@@ -22,7 +26,7 @@ class FakeTransport:
         return 0
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
-        return (0, 64 * 1024)
+        return (0, 512)
 
     def abort(self) -> None:
         self.aborted = True
@@ -48,9 +52,14 @@ class FakeWebSocket:
         self.close_code = code
 
 
+class FakeProtocol:
+    writing_paused = False
+
+
 class FakeRequest:
     def __init__(self) -> None:
         self.transport = FakeTransport()
+        self.protocol = FakeProtocol()
         self.remote = "127.0.0.1"
 
 
@@ -97,10 +106,11 @@ async def test_a_send_never_waits_even_when_the_socket_seemed_free() -> None:
 
 
 class RoomyTransport(FakeTransport):
-    """A socket buffer with 16 KiB below its low-water mark."""
+    """A socket buffer with 64 KiB below its high-water mark (asyncio's and uvloop's default),
+    and uvloop's low-water mark of 16 bytes."""
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
-        return (16 * 1024, 64 * 1024)
+        return (16, 64 * 1024)
 
 
 class ReadingWebSocket(FakeWebSocket):
@@ -115,25 +125,41 @@ async def test_a_frame_that_cannot_fill_the_buffer_is_written_in_the_senders_ste
     request.transport = RoomyTransport()
     conn = StubConnection(ws, request, max_backlog_bytes=1 << 20)  # type: ignore[arg-type]
     assert at_once(conn.send("small"))
-    assert ws.sent == [b"small"]  # written before any other task ran: no writer task
-    # One that would take the buffer past its low-water mark goes to the writer instead.
-    assert at_once(conn.send("x" * 20_000))
-    assert ws.sent == [b"small"]
+    assert at_once(conn.send("y" * 20_000))
+    # Written before any other task ran: no writer task.
+    assert ws.sent == [b"small", b"y" * 20_000]
+    # One that would take the buffer past its high-water mark goes to the writer instead.
+    assert at_once(conn.send("x" * 70_000))
+    assert ws.sent == [b"small", b"y" * 20_000]
     assert at_once(conn.send("after"))  # queued behind it, never ahead
     await settle()
-    assert ws.sent == [b"small", b"x" * 20_000, b"after"]
+    assert ws.sent == [b"small", b"y" * 20_000, b"x" * 70_000, b"after"]
+
+
+async def test_a_paused_socket_gets_nothing_but_through_the_writer() -> None:
+    """Paused, the socket's buffer is above its high-water mark, or was and has not drained to
+    its low one yet: aiohttp's write would wait for it."""
+    ws, request = ReadingWebSocket(), FakeRequest()
+    request.transport = RoomyTransport()
+    request.protocol.writing_paused = True
+    conn = StubConnection(ws, request, max_backlog_bytes=1 << 20)  # type: ignore[arg-type]
+    assert at_once(conn.send("small"))
+    assert ws.sent == []
+    await settle()
+    assert ws.sent == [b"small"]
 
 
 async def test_what_was_sent_before_a_close_is_written_before_it() -> None:
     ws, back = FakeWebSocket(), []
     conn = connection(ws, back, slow=5)
-    await conn.send("the answer")
+    answer = "the answer " * 100  # more than the buffer takes: the reader must read it
+    await conn.send(answer)
     closing = asyncio.create_task(conn.close(CLOSE_POLICY, "bye"))
     await settle()
     assert not ws.closed  # the answer is not written yet: the close waits for it
     ws.reader.release()
     await asyncio.wait_for(closing, 5)
-    assert ws.sent == [b"the answer"] and ws.closed and back == []
+    assert ws.sent == [answer.encode()] and ws.closed and back == []
 
 
 class StuckWebSocket(FakeWebSocket):
@@ -188,3 +214,69 @@ async def test_the_hard_limit_disconnects_at_once() -> None:
     await settle()  # no time passes: not slow_seconds (5 s) later
     assert ws.closed
     assert "".join(back) == "".join(str(i) * 900 for i in range(5))
+
+
+# A real socket, on the event loop the node runs on (uvloop: conftest.py): the fakes above
+# carry the limits the code reads, and only a real transport says what they are. uvloop's
+# low-water mark is 16 bytes, which a check against it let no frame pass.
+
+
+@contextlib.asynccontextmanager
+async def served_socket(reading: bool) -> AsyncIterator[StubConnection]:
+    """A StubConnection on a real aiohttp WebSocket over loopback, its client reading along
+    or not reading at all."""
+    ready: asyncio.Future[StubConnection] = asyncio.get_running_loop().create_future()
+    done = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        ready.set_result(StubConnection(ws, request, max_backlog_bytes=64 << 20))
+        await done.wait()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+
+    async def read_along(client: aiohttp.ClientWebSocketResponse) -> None:
+        async for _frame in client:
+            pass
+
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"http://127.0.0.1:{port}/") as client,
+        ):
+            reader = asyncio.create_task(read_along(client)) if reading else None
+            try:
+                yield await ready
+            finally:
+                done.set()
+                if reader is not None:
+                    reader.cancel()
+    finally:
+        await runner.cleanup()
+
+
+async def test_frames_to_a_runtime_reading_along_are_written_without_a_task() -> None:
+    async with served_socket(reading=True) as conn:
+        for i in range(200):
+            tasks = len(asyncio.all_tasks())
+            assert at_once(conn.send(f"{i:0300d}"))
+            assert len(asyncio.all_tasks()) == tasks, f"frame {i} went through a writer task"
+            if i % 20 == 0:
+                await asyncio.sleep(0.01)  # the reader reads
+
+
+async def test_sends_to_a_runtime_that_does_not_read_never_wait() -> None:
+    """Far more than the kernel's socket buffers and the transport's high-water mark take: each
+    send returns at once, and what does not fit waits in the connection's backlog."""
+    async with served_socket(reading=False) as conn:
+        for i in range(16_000):
+            assert at_once(conn.send(f"{i:01000d}"))
+        assert conn._backlog_bytes > 0  # where the rest waits
