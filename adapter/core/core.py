@@ -60,7 +60,7 @@ from ..services.connectors import build_connectors
 from ..services.idm import IdmService
 from ..services.registry import domain_registry_address
 from ..services.subscriptions import SubscriptionService
-from ..sessions.mailbox import Waiting
+from ..sessions.mailbox import Waiting, WaitingBounds
 from ..sessions.registry import Lifecycle, SessionRegistry
 from ..sessions.session import AskedRequests
 from ..sessions.tokens import SessionTokens
@@ -203,6 +203,9 @@ class Core:
         self.policy = MessageGate(cfg.policy, self.rules)
         # Per sender id, the highest number routed and settled: delivery and settlement share it.
         self.sender_marks = SenderMarks()
+        # What may wait for a runtime: checked for a message's direct destinations as it comes
+        # in (its sender is refused) and for every runtime it reaches as it is delivered.
+        self.waiting_bounds = WaitingBounds.of(cfg.quotas)
         self.settlement = Settlement(self.checkpoints, self.metrics, self.sender_marks)
         self.acks = AckSender()
         self._background = BackgroundTasks(
@@ -260,7 +263,7 @@ class Core:
             self.journal,
             self.metrics,
             self.sender_marks,
-            cfg.quotas.waiting_bytes,
+            self.waiting_bounds,
             hooks.foreign,
             hooks.send_on,
         )
@@ -371,6 +374,7 @@ class Core:
             self.metrics,
             cfg.quotas,
             self._waiting_bytes,
+            self.waiting_bounds,
             cfg.routing.backpressure_seconds,
             self.hooks.abroad,
             self.hooks.catch_up,
@@ -482,15 +486,7 @@ class Core:
 
     def _waiting_bytes(self, session_id: int, sender: str) -> Waiting:
         session = self.sessions.get(session_id)
-        if session is None:
-            return Waiting(0, 0)
-        mailbox, tally = session.mailbox, self.sessions.tally
-        return Waiting(
-            mailbox.waiting_bytes,
-            mailbox.waiting_from(sender),
-            tally.of(session.client),
-            tally.total,
-        )
+        return Waiting(0, 0) if session is None else self.sessions.waiting(session, sender)
 
     async def _identity_of(self, origin: str) -> Identity | None:
         """The identity the runtime behind ``origin`` (its runtime URL or an address it owns)

@@ -22,7 +22,7 @@ from ..access import AccessMonitor
 from ..carrier import Routed
 from ..envelope import InvalidMessage, answer, control_error, parse
 from ..observability import NodeMetrics
-from ..sessions.mailbox import Parcel
+from ..sessions.mailbox import Parcel, WaitingBounds, sender_of, waiting_refusal
 from ..sessions.registry import SessionRegistry
 from ..sessions.session import Session
 from ..storage.database import unavailable as database_unavailable
@@ -53,7 +53,7 @@ class Delivery:
         journal: Journal,
         metrics: NodeMetrics,
         marks: SenderMarks,
-        waiting_limit: int = 64 * 1024 * 1024,
+        waiting_bounds: WaitingBounds | None = None,
         foreign: Callable[[str], str | None] | None = None,
         send_on: SendOn | None = None,
     ) -> None:
@@ -71,7 +71,8 @@ class Delivery:
         self._routed_marks = marks.routed
         self._route = marks.route
         self.routed_through: Callable[[str], int] = marks.routed_through
-        self._waiting_limit = waiting_limit
+        # What may wait for a runtime (None: no bound, for tests of other things).
+        self._waiting_bounds = waiting_bounds
         # The peer domain of an address of another domain (None: this node routes inside its
         # domain): a message for one that has no destination here is not a lost one.
         self._foreign = foreign
@@ -172,6 +173,16 @@ class Delivery:
         foreign = self._foreign
         return foreign is not None and any(foreign(address) is not None for address in to)
 
+    def _too_much_waiting(self, session: Session, routed: Routed) -> str | None:
+        """Why ``routed`` may not wait for ``session``'s runtime (mailbox.waiting_refusal)."""
+        if self._waiting_bounds is None:
+            return None
+        sender = sender_of(routed.sender.origin)
+        refused = waiting_refusal(
+            self._sessions.waiting(session, sender), len(routed.text), self._waiting_bounds
+        )
+        return refused[1] if refused is not None else None
+
     async def _gone(self, sender: Session, text: str, reason: str, code: int = 404) -> None:
         """Its destination left between the sender's message being taken and its delivery (the
         runtime disconnected): the sender is told, as it would have been a moment earlier.
@@ -235,15 +246,19 @@ class Delivery:
             session = self._sessions.get(session_id)
             if session is None:
                 continue
-            if session.mailbox.waiting_bytes > self._waiting_limit:
-                # A subscriber that stays away with its backlog full (a direct destination's
-                # sender is refused 413 at the ingress instead): the message is not kept for
-                # it, and the journal says so (the audit trail names what it missed).
+            full = self._too_much_waiting(session, routed)
+            if full is not None:
+                # The same bounds as at the ingress, for every runtime reached: a subscriber
+                # (which the ingress does not check), and a destination filled since. The
+                # message is not kept for it, and the journal says so (the audit trail names
+                # what it missed). So one client's runtimes, subscribed to what its own
+                # runtimes publish, hold at most its client's share of the node's bytes, and
+                # never the node's total that every other runtime's messages need.
                 self._metrics.quota_refusals.labels("waiting_bytes").inc()
                 self._journal.rejected(
                     session.runtime_url,
                     routed.text,
-                    control_error(507, "not kept for this runtime: too much is waiting for it"),
+                    control_error(507, f"not kept for this runtime: {full}"),
                 )
                 continue
             outcome = await session.mailbox.deliver(parcel, ticket)

@@ -143,6 +143,7 @@ class Ingress:
         # Bytes waiting for a session (and its client's, and the node's), and of them those
         # from a sender (its key).
         waiting_bytes: Callable[[int, str], Waiting],
+        waiting_bounds: WaitingBounds,
         backpressure_timeout: float = 10.0,
         abroad: Abroad | None = None,
         catch_up: Callable[[], Awaitable[None]] | None = None,
@@ -173,12 +174,7 @@ class Ingress:
         self._quotas = quotas
         # Bytes kept for a session that is away or slow (its mailbox).
         self._waiting_bytes = waiting_bytes
-        self._waiting_bounds = WaitingBounds(
-            quotas.waiting_bytes,
-            quotas.sender_share,
-            quotas.waiting_bytes_per_client,
-            quotas.waiting_bytes_total,
-        )
+        self._waiting_bounds = waiting_bounds
         self._backpressure_timeout = backpressure_timeout
         # The way to other reTHINK domains' nodes (None: this node routes inside its domain).
         self._abroad = abroad

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import orjson
 
+from ..config import QuotaConfig
 from ..storage.pending import StoredDelivery
 from .link import Link
 
@@ -122,6 +123,15 @@ class WaitingBounds:
     per_sender: int
     per_client: int
     total: int
+
+    @classmethod
+    def of(cls, quotas: QuotaConfig) -> WaitingBounds:
+        return cls(
+            quotas.waiting_bytes,
+            quotas.sender_share,
+            quotas.waiting_bytes_per_client,
+            quotas.waiting_bytes_total,
+        )
 
 
 def waiting_refusal(waiting: Waiting, size: int, bounds: WaitingBounds) -> tuple[int, str] | None:

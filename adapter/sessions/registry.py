@@ -29,7 +29,7 @@ from ..storage.sessions import ClaimRow, HeldElsewhere
 from ..tasks import BackgroundTasks
 from .eviction import EvictionOrder
 from .link import CLOSE_REPLACED, Link
-from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket
+from .mailbox import DeliveryStore, Mailbox, Parcel, Tally, Ticket, Waiting
 from .serial import Serial, Turn
 from .session import AckHello, Attachment, Session
 from .tokens import SessionTokens, TokenRejected
@@ -238,6 +238,17 @@ class SessionRegistry:
     def by_origin(self, origin: str) -> Session | None:
         """The session whose messages are numbered in ``origin`` (``<key>.<numbering>``)."""
         return self._by_key.get(origin.split(".", 1)[0])
+
+    def waiting(self, session: Session, sender: str) -> Waiting:
+        """What waits for ``session``'s runtime, as ``sender``'s next message to it is held to
+        (mailbox.waiting_refusal): for it, from that sender, for its client, node-wide."""
+        mailbox = session.mailbox
+        return Waiting(
+            mailbox.waiting_bytes,
+            mailbox.waiting_from(sender),
+            self.tally.of(session.client),
+            self.tally.total,
+        )
 
     def __len__(self) -> int:
         return len(self._by_id)

@@ -545,3 +545,54 @@ async def test_the_sockets_of_one_client_share_its_rate(
     finally:
         for runtime in (*flood, alice, bob):
             await runtime.close()
+
+
+async def test_one_hosts_away_subscribers_never_fill_the_bytes_every_runtime_needs(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """Found by the attacker review of issue 44: one host subscribed runtimes of its own to its
+    own object and left them away; what it published was kept for each of them up to the
+    per-runtime quota only, so a few sessions filled the node's total, and from then on every
+    runtime's message to anyone was refused 503, for as long as those sessions lived. What waits
+    for a subscriber is now held to the same bounds as what waits for a direct destination: its
+    client's share stops the host well before the node's total."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{
+            "quotas.waiting_bytes": 64 * 1024,
+            "quotas.waiting_bytes_per_sender": 64 * 1024,
+            "quotas.waiting_bytes_per_client": 128 * 1024,
+            "quotas.waiting_bytes_total": 256 * 1024,
+        },
+    )
+    publisher = _from_host(_runtime(node, "pub"), "127.0.0.2")
+    subscribers = [_from_host(_runtime(node, f"sub-{i}"), "127.0.0.2") for i in range(5)]
+    alice, bob = _runtime(node, "alice"), _runtime(node, "bob")
+    everyone = (publisher, *subscribers, alice, bob)
+    try:
+        for runtime in everyone:
+            await runtime.connect()
+        [obj] = await publisher.allocate(D, scheme="comm", endpoint="object-address-allocation")
+        for sub in subscribers:
+            answer = await sub.request(SM, "subscribe", {"resources": [f"{obj}/changes"]})
+            assert answer["body"]["code"] == 200, answer
+            await sub.drop()
+        [a] = await alice.allocate(D)
+        [b] = await bob.allocate(D)
+        # 5 away subscribers x 64 KiB each would be 320 KiB, past the node's 256 KiB.
+        body = {"x": "x" * 8000}
+        for i in range(45):
+            await publisher.send(
+                {"id": f"u{i}", "type": "update", "from": obj, "to": f"{obj}/changes", "body": body}
+            )
+        await _until(
+            lambda: _metric(node, "rethink_mn_quota_refusals_total", quota="waiting_bytes") > 0
+        )
+        tally = node.sessions.tally
+        assert tally.of("ip:127.0.0.2") > 64 * 1024  # the host holds its share, and no more:
+        assert tally.of("ip:127.0.0.2") <= 128 * 1024 + 9000, tally.of("ip:127.0.0.2")
+        assert tally.total <= 128 * 1024 + 9000, tally.total
+        await _ping(alice, bob, a, b, "after the flood")
+    finally:
+        for runtime in everyone:
+            await runtime.close()

@@ -28,7 +28,7 @@ from adapter.routing.policy import MessageGate
 from adapter.routing.settlement import LaneLedger, Settlement
 from adapter.routing_table import RoutingTable
 from adapter.services.base import Requester, ServiceReply
-from adapter.sessions.mailbox import Mailbox, Parcel, Waiting
+from adapter.sessions.mailbox import Mailbox, Parcel, Waiting, WaitingBounds
 from adapter.sessions.session import Attachment, Session
 from adapter.sessions.upstream import Pending, Upstream
 from adapter.stub.protocol import BadHello, parse_hello, split_numbered
@@ -451,6 +451,7 @@ def ingress_for(
         metrics(),
         quotas or QuotaConfig(),
         lambda session_id, _sender: Waiting((waiting or {}).get(session_id, 0), 0),
+        WaitingBounds.of(quotas or QuotaConfig()),
         backpressure_timeout=0.01,
         learned=learned,
     )
