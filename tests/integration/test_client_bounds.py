@@ -547,6 +547,41 @@ async def test_the_sockets_of_one_client_share_its_rate(
             await runtime.close()
 
 
+async def test_connecting_again_gives_a_client_no_fresh_burst(
+    start_node: NodeFactory, databases: Databases
+) -> None:
+    """The attacker review of issue 44: a client's pace went with its last connection, so one
+    that sent its burst, disconnected and connected again had a fresh burst each time (142
+    times its rate). Its pace now rests until its buckets are full again."""
+    node = await start_node(
+        await databases.migrated_sqlite(),
+        **{
+            "stub.trusted_proxies": ["127.0.0.1"],
+            "stub.client_messages_per_second": 10.0,
+            "stub.client_messages_burst": 20,
+        },
+    )
+    runtime = _runtime(node, "bursts", ELSEWHERE)
+    paced = "rethink_mn_stub_paced_seconds_total"
+    try:
+        for _ in range(2):
+            await runtime.connect()
+            ws = runtime.ws
+            assert ws is not None
+            for _ in range(20):  # the client's whole burst
+                await ws.ping(b"x")
+            # Answered once the node has read every frame before it.
+            answer = await runtime.request(
+                ALLOCATION, "create", {"scheme": "hyperty", "value": {"number": 1}}, timeout=60
+            )
+            assert answer["body"]["code"] == 200, answer
+            await runtime.drop()
+        # The second connection's 21 frames came on a spent burst: about two seconds' worth.
+        assert _metric(node, paced) > 1.5, _metric(node, paced)
+    finally:
+        await runtime.close()
+
+
 async def test_one_hosts_away_subscribers_never_fill_the_bytes_every_runtime_needs(
     start_node: NodeFactory, databases: Databases
 ) -> None:

@@ -249,7 +249,7 @@ def test_a_connection_beyond_its_rate_waits_and_within_it_never_does() -> None:
     assert flood.take(50) == pytest.approx(0.001)
 
 
-def test_the_connections_of_one_client_share_its_rate_and_its_pace_goes_with_the_last() -> None:
+def test_the_connections_of_one_client_share_its_rate_and_its_pace_rests_after_the_last() -> None:
     now = [0.0]
     paces = ClientPaces(10, 5, 0, 1024, lambda: now[0])
     first, second = paces.join("10.9.9.9"), paces.join("10.9.9.9")
@@ -262,15 +262,29 @@ def test_the_connections_of_one_client_share_its_rate_and_its_pace_goes_with_the
     assert second.take(1) == pytest.approx(0.1)
     # Another client meanwhile has its whole burst.
     assert [other.take(1) for _ in range(5)] == [0.0] * 5
-    # A client's pace is kept while any of its connections is open, then dropped: one per
-    # connected client, no more.
+    # A client's pace is kept while any of its connections is open, and after the last until
+    # it has rested (its buckets full again), then dropped.
     paces.leave("10.9.9.9")
     assert paces.join("10.9.9.9") is first
     paces.leave("10.9.9.9")
     paces.leave("10.9.9.9")
     paces.leave("10.8.8.8")
-    assert len(paces) == 0
+    assert len(paces) == 2
+    # Connecting again before then is no fresh burst: the sixth frame still waits.
+    again = paces.join("10.9.9.9")
+    assert again is first and again.take(1) == pytest.approx(0.2)
+    paces.leave("10.9.9.9")
     paces.leave("10.8.8.8")  # a second leave of a gone client changes nothing
+    assert len(paces) == 2
+    # 10.8.8.8 is full again at 0.5 s, 10.9.9.9 (seven frames short of its burst) at 0.7 s.
+    now[0] = 0.6
+    paces.join("10.7.7.7")
+    assert len(paces) == 2  # 10.7.7.7 and 10.9.9.9
+    paces.leave("10.7.7.7")  # a client that never sent leaves nothing behind
+    assert len(paces) == 1
+    now[0] = 0.7
+    assert paces.join("10.9.9.9") is not first
+    paces.leave("10.9.9.9")
     assert len(paces) == 0
 
 
